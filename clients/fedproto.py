@@ -1,0 +1,67 @@
+"""FedProto client: personal model trained with CE + lambda * ||f(x) - global prototype of y||^2;
+uploads its class-mean features; predicts by the nearest global prototype."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from clients.base import ClientMethod, EvalResult
+from clients.training import class_means, evaluate_model, extract_features, train_epochs
+from fedcore import wire
+
+
+class FedProtoClient(ClientMethod):
+    def _model(self):
+        model = self.env.load_model()
+        return self.env.new_model() if model is None else model
+
+    def _global_protos(self, content) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Global prototypes as (class ids, (K, d) features), or None before the first aggregation."""
+        if wire.CLASS_FEATURES not in content.array_records:
+            return None
+        ids, feats, _ = wire.unpack_class_features(content.array_records[wire.CLASS_FEATURES])
+        if len(ids) == 0:
+            return None
+        dev = self.env.device
+        return torch.as_tensor(ids, device=dev), torch.as_tensor(feats, device=dev)
+
+    def fit(self, content):
+        model = self._model()
+        protos = self._global_protos(content)
+        lam = self.hp["lambda"]
+        loss_fn = None
+        if protos is not None and lam > 0:
+            ids, feats = protos
+            table = torch.zeros(self.data.num_classes, feats.shape[1], device=feats.device)
+            table[ids] = feats
+            known = torch.zeros(self.data.num_classes, dtype=torch.bool, device=feats.device)
+            known[ids] = True
+
+            def loss_fn(model, xb, yb):
+                h = model.features(xb)
+                loss = F.cross_entropy(model.head(h), yb)
+                has = known[yb]
+                if bool(has.any()):  # classes without a global prototype add no pull
+                    loss = loss + lam * F.mse_loss(h[has], table[yb[has]])
+                return loss
+
+        kwargs = {} if loss_fn is None else {"loss_fn": loss_fn}
+        loss = train_epochs(model, self.data.x_train, self.data.y_train, epochs=self.cfg["local-epochs"],
+                            batch_size=self.cfg["batch-size"], optimizer=self.env.optimizer(model.parameters()),
+                            generator=self.env.generator(), **kwargs)
+        self.env.save_model(model)
+        ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
+                                         self.data.num_classes)
+        return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
+                                                             counts.cpu().numpy())}, {"train-loss": loss}
+
+    def evaluate(self, content):
+        model = self._model()
+        protos = self._global_protos(content)
+        loss, correct, n = evaluate_model(model, self.data.x_test, self.data.y_test)
+        if protos is not None:  # FedProto's inference: the class of the nearest global prototype
+            ids, feats = protos
+            dist = torch.cdist(extract_features(model, self.data.x_test), feats)
+            correct = int((ids[dist.argmin(1)] == self.data.y_test).sum())
+        return EvalResult(loss, correct, n)

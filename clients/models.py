@@ -1,0 +1,244 @@
+"""Model zoo for the PFL methods, all split into body (feature extractor) + head (linear classifier).
+
+Every PFL method here needs that split (FedPer/FedRep share parts, FedFCD fuses two heads,
+FedSaC builds subspaces from features, MuPFL hooks stage activations), so each builder returns
+a `SplitModel` whose state_dict keys start with "body." or "head.".
+
+Written from the specs in /work/shared/specs (no torchvision). Init = PyTorch defaults; the
+caller seeds with torch.manual_seed so that every client can start from the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class SplitModel(nn.Module):
+    """Body (feature extractor) + head (linear classifier): the split every PFL method needs."""
+
+    def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int):
+        super().__init__()
+        self.body = body
+        self.head = head
+        self.feature_dim = int(feature_dim)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, feature_dim) representation, the input of the head."""
+        return self.body(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+# ---------------------------------------------------------------- helpers
+
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """Conv models need (C, H, W); fail early with a readable message otherwise."""
+    if len(input_shape) != 3:
+        raise ValueError(f"model '{name}' needs an image input shape (C, H, W), got {tuple(input_shape)}")
+    return tuple(int(s) for s in input_shape)  # type: ignore[return-value]
+
+
+def _flat_dim(module: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Output size of `module` for one sample, found by a dummy forward (any input size works)."""
+    was_training = module.training
+    module.eval()  # BatchNorm must not update running stats on the dummy batch
+    with torch.no_grad():
+        out = module(torch.zeros(1, *input_shape))
+    module.train(was_training)
+    return int(out.reshape(1, -1).shape[1])
+
+
+def _five_by_five_padding(h: int, w: int) -> int:
+    """Padding for the two-5x5-conv nets: 0 as in the papers, 2 when the input is too small.
+
+    Two unpadded 5x5 convs with 2x2 pools need a side of at least 14 (14->10->5->1); for
+    smaller inputs such as 8x8 digits we pad by 2 so the convs keep the spatial size.
+    """
+    return 0 if min(h, w) >= 14 else 2
+
+
+def _split(body: nn.Module, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    d = _flat_dim(body, input_shape)
+    return SplitModel(body, nn.Linear(d, num_classes), d)
+
+
+# ---------------------------------------------------------------- flat models (pFedMe / FedMCSA)
+
+def mlr(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """Multinomial logistic regression: the feature is the flattened input itself."""
+    d = 1
+    for s in input_shape:
+        d *= int(s)
+    return SplitModel(nn.Flatten(), nn.Linear(d, num_classes), d)
+
+
+def dnn(input_shape: tuple[int, ...], num_classes: int, hidden: int | None = None) -> SplitModel:
+    """One-hidden-layer MLP; hidden = 20 for small inputs (Synthetic, 60-d) else 100, as in pFedMe."""
+    d_in = 1
+    for s in input_shape:
+        d_in *= int(s)
+    hidden = int(hidden) if hidden is not None else (20 if d_in <= 100 else 100)
+    body = nn.Sequential(nn.Flatten(), nn.Linear(d_in, hidden), nn.ReLU())
+    return SplitModel(body, nn.Linear(hidden, num_classes), hidden)
+
+
+# ---------------------------------------------------------------- small CNNs
+
+def cnn(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> SplitModel:
+    """Small 3x3 CNN that fits both 28x28 and 8x8 inputs (8x8 pools down to 2x2)."""
+    c, h, w = _image_shape("cnn", input_shape)
+    convs = nn.Sequential(
+        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    body = nn.Sequential(*convs, nn.Linear(_flat_dim(convs, (c, h, w)), hidden), nn.ReLU())
+    return SplitModel(body, nn.Linear(hidden, num_classes), hidden)
+
+
+def fedavgcnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """PFLlib FedAvgCNN (anchors.md); fc1 input 1024 for 28x28, 1600 for 32x32, computed here."""
+    c, h, w = _image_shape("fedavgcnn", input_shape)
+    pad = _five_by_five_padding(h, w)  # 2 only for inputs too small for two unpadded 5x5 convs
+    convs = nn.Sequential(
+        nn.Conv2d(c, 32, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    body = nn.Sequential(*convs, nn.Linear(_flat_dim(convs, (c, h, w)), 512), nn.ReLU())
+    return SplitModel(body, nn.Linear(512, num_classes), 512)
+
+
+def simplecnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """FedSaC SimpleCNN (LeNet-style, no BN); the feature is fc2's ReLU output, d = 84."""
+    c, h, w = _image_shape("simplecnn", input_shape)
+    pad = _five_by_five_padding(h, w)  # same small-input rule as fedavgcnn
+    convs = nn.Sequential(
+        nn.Conv2d(c, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    body = nn.Sequential(
+        *convs,
+        nn.Linear(_flat_dim(convs, (c, h, w)), 120), nn.ReLU(),
+        nn.Linear(120, 84), nn.ReLU(),
+    )
+    return SplitModel(body, nn.Linear(84, num_classes), 84)
+
+
+# ---------------------------------------------------------------- ResNets (CIFAR stem)
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 conv-BN, identity or 1x1 conv-BN shortcut, ReLU after the sum."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNetBody(nn.Module):
+    """CIFAR-stem ResNet feature extractor: stem -> stages -> global avg pool -> (B, width[-1]).
+
+    `stages` is an nn.ModuleList (one nn.Sequential of BasicBlocks per stage) so that methods can
+    hook each stage's output activation (MuPFL applies its activation dropout BAVD there).
+    Global average pooling equals the spec's AvgPool(8) on 32x32 and works for any input size.
+    BatchNorm lives here, so it is part of the body's state_dict.
+    """
+
+    def __init__(self, cin: int, widths: tuple[int, ...], blocks: tuple[int, ...], strides: tuple[int, ...]):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(cin, widths[0], 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()
+        )
+        stages, prev = [], widths[0]
+        for width, n, stride in zip(widths, blocks, strides):
+            layers = [BasicBlock(prev, width, stride)] + [BasicBlock(width, width) for _ in range(n - 1)]
+            stages.append(nn.Sequential(*layers))
+            prev = width
+        self.stages = nn.ModuleList(stages)
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.out_dim = prev
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for stage in self.stages:
+            x = stage(x)
+        return self.pool(x)
+
+
+def resnet8(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """CReFF ResNet-8 used by MuPFL: one block per stage, widths 64/128/256, d = 256."""
+    c, _, _ = _image_shape("resnet8", input_shape)
+    body = ResNetBody(c, widths=(64, 128, 256), blocks=(1, 1, 1), strides=(1, 2, 2))
+    return SplitModel(body, nn.Linear(body.out_dim, num_classes), body.out_dim)
+
+
+def resnet18(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """ResNet-18 with the CIFAR stem (3x3 conv1, no maxpool), d = 512.
+
+    Documented variant allowed by fedfcd.md: the torchvision stem (7x7 conv1 + maxpool) has
+    7,680 more body parameters for RGB (11,176,512 vs 11,168,832 here).
+    """
+    c, _, _ = _image_shape("resnet18", input_shape)
+    body = ResNetBody(c, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2), strides=(1, 2, 2, 2))
+    return SplitModel(body, nn.Linear(body.out_dim, num_classes), body.out_dim)
+
+
+# ---------------------------------------------------------------- registry
+
+MODELS: dict[str, Callable[..., SplitModel]] = {
+    "mlr": mlr,
+    "dnn": dnn,
+    "cnn": cnn,
+    "fedavgcnn": fedavgcnn,
+    "resnet8": resnet8,
+    "resnet18": resnet18,
+    "simplecnn": simplecnn,
+}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **kwargs) -> SplitModel:
+    """Build a registered model by name; extra kwargs go to the builder (e.g. dnn's `hidden`)."""
+    key = name.lower()
+    if key not in MODELS:
+        raise ValueError(f"unknown model '{name}'; valid names: {', '.join(sorted(MODELS))}")
+    return MODELS[key](tuple(int(s) for s in input_shape), int(num_classes), **kwargs)
+
+
+def default_model(input_shape: tuple[int, ...]) -> str:
+    """Reasonable default per input kind: vectors -> dnn, grey images -> cnn, colour -> fedavgcnn."""
+    if len(input_shape) == 1:
+        return "dnn"
+    if len(input_shape) == 3:
+        return "cnn" if int(input_shape[0]) == 1 else "fedavgcnn"
+    raise ValueError(f"input shape must be (D,) or (C, H, W), got {tuple(input_shape)}")
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    """"auto": cuda when available else cpu; "cpu"; "cuda"/"cuda:N" (error if CUDA is missing)."""
+    pref = (preference or "auto").lower()
+    if pref == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if pref == "cpu":
+        return torch.device("cpu")
+    if pref.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device '{preference}' requested but CUDA is not available")
+        return torch.device(pref)
+    raise ValueError(f"unknown device preference '{preference}'; use 'auto', 'cpu' or 'cuda'")

@@ -1,0 +1,1 @@
+"""What server and clients share: the run-config schema, the method registry and the wire format."""

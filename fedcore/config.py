@@ -1,0 +1,169 @@
+"""Run configuration: one schema, validated once at start with errors that list the valid choices.
+
+The run config is Flower's flat ``[tool.flwr.app.config]`` table (``--run-config`` overrides it).
+Common keys live in ``COMMON_KEYS``; each method declares its own hyperparameters (``<method>.<key>``)
+in its registry entry, so a typo in any key stops the run before a single client trains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A run-config key or value is wrong; the message says which and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: its default (which also fixes its type), help text and allowed values."""
+
+    default: Any
+    help: str
+    choices: tuple | None = None
+    low: float | None = None  # inclusive lower bound
+    high: float | None = None  # inclusive upper bound
+    low_open: bool = False  # the lower bound itself is not allowed
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return ``value`` coerced to this key's type, or raise ``ConfigError``."""
+        kind = type(self.default)
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"'{name}' must be true or false, got {value!r}")
+        elif kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                if isinstance(value, float) and value.is_integer():
+                    value = int(value)
+                else:
+                    raise ConfigError(f"'{name}' must be an integer, got {value!r}")
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"'{name}' must be a number, got {value!r}")
+            value = float(value)
+            if not math.isfinite(value):
+                raise ConfigError(f"'{name}' must be finite, got {value!r}")
+        elif kind is str:
+            if not isinstance(value, str):
+                raise ConfigError(f"'{name}' must be a string, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(
+                f"'{name}' = {value!r} is not valid; choose one of: {', '.join(map(str, self.choices))}"
+            )
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            op = ">" if self.low_open else ">="
+            raise ConfigError(f"'{name}' = {value!r} is out of range; it must be {op} {self.low}")
+        if self.high is not None and value > self.high:
+            raise ConfigError(f"'{name}' = {value!r} is out of range; it must be <= {self.high}")
+        return value
+
+
+def _common_keys() -> dict[str, Key]:
+    # Imported here so that fedcore.config stays importable without torch for tooling.
+    from clients.models import MODELS
+    from partitions import DATASETS, PARTITIONS
+
+    return {
+        "method": Key("fedavg", "method to run (see the registry)"),  # choices filled in by schema()
+        "dataset": Key("mnist5k", "dataset name", choices=tuple(DATASETS)),
+        "partition": Key("pathological", "how the data is split across clients", choices=tuple(PARTITIONS)),
+        "model": Key("auto", "model architecture; auto picks one for the dataset", choices=("auto", *MODELS)),
+        "num-server-rounds": Key(20, "federated rounds", low=1),
+        "seed": Key(0, "one seed for partitioning, initialisation and sampling", low=0),
+        "local-epochs": Key(1, "local epochs per round", low=1),
+        "batch-size": Key(10, "local mini-batch size", low=1),
+        "lr": Key(0.05, "local SGD learning rate", low=0.0, low_open=True),
+        "momentum": Key(0.0, "local SGD momentum", low=0.0, high=1.0),
+        "weight-decay": Key(0.0, "local SGD weight decay", low=0.0),
+        "fraction-train": Key(1.0, "fraction of clients that train each round", low=0.0, high=1.0, low_open=True),
+        "min-replies": Key(1, "fewest valid replies a round needs to update the server state", low=1),
+        "eval-every": Key(1, "evaluate every this many rounds (and always after the last)", low=1),
+        "results-dir": Key("results", "where runs write their results (an absolute path is safest)"),
+        "run-name": Key("", "name of this run's results folder; empty = method-dataset-partition-seed-time"),
+        "data-dir": Key("", "cache for downloadable datasets; empty = ~/.cache/pfl-flower"),
+        "device": Key("auto", "torch device for clients", choices=("auto", "cpu", "cuda")),
+        "client-threads": Key(0, "torch threads per client process; 0 = OMP_NUM_THREADS or 1", low=0),
+        "round-timeout": Key(3600, "seconds to wait for one round's replies", low=1),
+        "node-wait-s": Key(60, "seconds to wait for all SuperNodes to connect at start", low=0),
+        "train-fraction": Key(0.75, "share of each client's data used for training", low=0.0, high=1.0, low_open=True),
+        "dirichlet.alpha": Key(0.1, "Dirichlet concentration", low=0.0, low_open=True),
+        "dirichlet.min-size": Key(0, "minimum samples per client; 0 = PFLlib's min(40, N/clients/2)", low=0),
+        "pathological.classes-per-client": Key(2, "classes per client", low=1),
+        "pathological.balance": Key(False, "equal shares within a class instead of random ones"),
+        "pfedpm-nk.n": Key(4, "mean classes per client", low=1),
+        "pfedpm-nk.k": Key(100, "mean samples per class per client, before the train/test split", low=1),
+        "pfedpm-nk.stdev": Key(2, "noise of n and k", low=0),
+        "pairs.mode": Key("disjoint", "label pairs (2u, 2u+1) or cyclic (u, u+1)", choices=("disjoint", "cyclic")),
+        "longtail-dirichlet.alpha": Key(0.5, "Dirichlet concentration", low=0.0, low_open=True),
+        "longtail-dirichlet.imbalance-factor": Key(10.0, "largest/smallest class size", low=1.0),
+        "longtail-dirichlet.min-size": Key(0, "minimum samples per client; 0 = 10", low=0),
+        "file.path": Key("", "JSON split file, see partitions/FILE_FORMAT.md"),
+        "synthetic.alpha": Key(0.5, "Synthetic(alpha, beta): model heterogeneity", low=0.0),
+        "synthetic.beta": Key(0.5, "Synthetic(alpha, beta): data heterogeneity", low=0.0),
+    }
+
+
+def schema() -> dict[str, Key]:
+    """Every valid run-config key: the common ones plus each registered method's ``<method>.<key>``."""
+    from fedcore.registry import REGISTRY
+
+    keys = _common_keys()
+    keys["method"] = Key(keys["method"].default, keys["method"].help, choices=tuple(REGISTRY))
+    for name, method in REGISTRY.items():
+        for key, spec in method.hparams.items():
+            keys[f"{name}.{key}"] = spec
+    return keys
+
+
+class Config(Mapping):
+    """A validated run config: every key present, typed and in range."""
+
+    def __init__(self, values: dict[str, Any]):
+        self._values = dict(values)
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> Config:
+        """Validate a Flower run config (missing keys take their defaults)."""
+        keys = schema()
+        unknown = sorted(set(run_config) - set(keys))
+        if unknown:
+            raise ConfigError(
+                f"unknown run-config key(s): {', '.join(unknown)}. Valid keys: {', '.join(sorted(keys))}"
+            )
+        values = {name: key.check(name, run_config.get(name, key.default)) for name, key in keys.items()}
+        return cls(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def section(self, prefix: str) -> dict[str, Any]:
+        """The keys ``<prefix>.<name>`` as ``{name: value}`` (method hyperparameters, partition options)."""
+        head = prefix + "."
+        return {k[len(head):]: v for k, v in self._values.items() if k.startswith(head)}
+
+    @property
+    def method(self) -> str:
+        return self._values["method"]
+
+    def partition_params(self) -> dict[str, Any]:
+        """Options of the selected partition scheme, as the partitioners name them."""
+        renames = {"path": "file", "mode": "pairs-mode"}
+        params = {renames.get(k, k): v for k, v in self.section(self["partition"]).items()}
+        params["train-fraction"] = self["train-fraction"]
+        return params
+
+    def hparams(self) -> dict[str, Any]:
+        """The selected method's hyperparameters."""
+        return self.section(self.method)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._values)

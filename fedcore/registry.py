@@ -1,0 +1,69 @@
+"""The method registry: one entry per method, naming its server strategy and its client.
+
+Adding a method = a module in fedstrategies/ (Strategy subclass + ``HPARAMS``), a module in clients/
+(ClientMethod subclass) and one ``Method`` line below. Classes are imported lazily so that the
+server never needs a method's client code loaded to validate a config, and vice versa.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cached_property
+
+
+def _load(path: str):
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    strategy_path: str  # "module:Class" of the server Strategy
+    client_path: str  # "module:Class" of the ClientMethod
+
+    @cached_property
+    def strategy(self):
+        return _load(self.strategy_path)
+
+    @cached_property
+    def client(self):
+        return _load(self.client_path)
+
+    @property
+    def hparams(self) -> dict:
+        """The method's hyperparameters (run-config keys ``<name>.<key>``), declared by its strategy module."""
+        return getattr(importlib.import_module(self.strategy_path.split(":")[0]), "HPARAMS", {})
+
+
+def _entries(*methods: Method) -> dict[str, Method]:
+    return {m.name: m for m in methods}
+
+
+REGISTRY: dict[str, Method] = _entries(
+    Method("local", "each client trains alone, no communication",
+           "fedstrategies.local:LocalStrategy", "clients.local:LocalClient"),
+    Method("fedavg", "FedAvg (McMahan et al. 2017): one global model",
+           "fedstrategies.fedavg:FedAvgStrategy", "clients.fedavg:FedAvgClient"),
+    Method("fedavg-ft", "FedAvg, then each client fine-tunes the global model before evaluating",
+           "fedstrategies.fedavg_ft:FedAvgFTStrategy", "clients.fedavg_ft:FedAvgFTClient"),
+    Method("fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term in local training",
+           "fedstrategies.fedprox:FedProxStrategy", "clients.fedprox:FedProxClient"),
+    Method("fedproto", "FedProto (Tan et al. 2022): class prototypes exchanged, no weights",
+           "fedstrategies.fedproto:FedProtoStrategy", "clients.fedproto:FedProtoClient"),
+    Method("fedper", "FedPer (Arivazhagan et al. 2019): shared body, private head",
+           "fedstrategies.fedper:FedPerStrategy", "clients.fedper:FedPerClient"),
+    Method("fedrep", "FedRep (Collins et al. 2021): head epochs then body epochs, body shared",
+           "fedstrategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient"),
+    Method("ditto", "Ditto (Li et al. 2021): personal model with a proximal pull to the global one",
+           "fedstrategies.ditto:DittoStrategy", "clients.ditto:DittoClient"),
+)
+
+
+def get_method(name: str) -> Method:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; choose one of: {', '.join(REGISTRY)}") from None

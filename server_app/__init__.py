@@ -1,0 +1,1 @@
+"""Server side: the ServerApp, its round loop, results and the run launcher."""

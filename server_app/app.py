@@ -1,0 +1,132 @@
+"""The ServerApp: run config -> handshake with the clients -> strategy -> rounds -> results.
+
+``run_experiment`` is the whole server side and takes any Flower ``Grid``: the real one under
+``flwr run`` / a SuperLink, or an in-process one in tests.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from clients.base import make_model
+from fedcore import wire
+from fedcore.config import Config
+from fedcore.registry import get_method
+from fedstrategies.base import ClientInfo
+from server_app.results import ResultsWriter, format_summary
+
+app = ServerApp()
+
+
+class StartupError(RuntimeError):
+    """The federation cannot start: a client failed to load its data, or identities clash."""
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_experiment(grid, Config.from_run_config(context.run_config))
+
+
+def connect_clients(grid: Grid, cfg: Config) -> tuple[dict[int, ClientInfo], tuple[int, ...], int]:
+    """Ask every SuperNode who it is and what it holds; wait (node-wait-s) until all have answered.
+
+    Returns the clients by partition id, the input shape and the number of classes.
+
+    A client that cannot build its partition (too few samples, dataset unavailable, ...) stops the
+    run here, with its own error message.
+    """
+    infos: dict[int, ClientInfo] = {}
+    meta: dict[int, dict] = {}
+    asked: set[int] = set()
+    expected = None
+    deadline = time.monotonic() + cfg["node-wait-s"]
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        if new:
+            asked.update(new)
+            msgs = [Message(RecordDict({wire.CONFIG: ConfigRecord({wire.SERVER_ROUND: 0})}), dst_node_id=n,
+                            message_type=wire.HANDSHAKE, group_id="0") for n in new]
+            for reply in grid.send_and_receive(msgs, timeout=cfg["round-timeout"]):
+                node = reply.metadata.src_node_id
+                if reply.has_error():
+                    raise StartupError(f"the client on node {node} could not start: {reply.error.reason}")
+                m = reply.content.metric_records[wire.METRICS]
+                pid, n_parts = int(m[wire.PARTITION_ID]), int(m[wire.NUM_PARTITIONS])
+                if expected is not None and n_parts != expected:
+                    raise StartupError(f"SuperNodes disagree on num-partitions ({n_parts} vs {expected})")
+                expected = n_parts
+                if not 0 <= pid < n_parts:
+                    raise StartupError(f"node {node} has partition-id {pid}, outside 0..{n_parts - 1}")
+                if pid in infos:
+                    raise StartupError(f"partition-id {pid} is used by two SuperNodes ({infos[pid].node_id}, {node})")
+                infos[pid] = ClientInfo(pid, node, int(m[wire.NUM_TRAIN]), int(m[wire.NUM_TEST]),
+                                        np.array(m[wire.TRAIN_LABEL_COUNTS]), np.array(m[wire.TEST_LABEL_COUNTS]))
+                meta[pid] = {"input_shape": tuple(int(v) for v in m[wire.INPUT_SHAPE]),
+                             "num_classes": int(m[wire.NUM_CLASSES])}
+        if expected is not None and len(infos) >= expected:
+            break
+        if time.monotonic() >= deadline:
+            if not infos:
+                raise StartupError(f"no SuperNode answered within node-wait-s={cfg['node-wait-s']} s")
+            log(WARNING, "only %s of %s clients connected after %s s; going on without partitions %s",
+                len(infos), expected, cfg["node-wait-s"], sorted(set(range(expected)) - set(infos)))
+            break
+        time.sleep(1.0)
+    shapes = {(v["input_shape"], v["num_classes"]) for v in meta.values()}
+    if len(shapes) != 1:
+        raise StartupError(f"clients report different input shapes / class counts: {shapes}")
+    return dict(sorted(infos.items())), *shapes.pop()
+
+
+def run_experiment(grid: Grid, cfg: Config) -> dict:
+    """Run one federated experiment end to end and return its summary."""
+    method = get_method(cfg.method)
+    log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s", cfg.method, cfg["dataset"],
+        cfg["partition"], cfg["num-server-rounds"], cfg["seed"])
+    clients, input_shape, num_classes = connect_clients(grid, cfg)
+    writer = ResultsWriter(cfg)
+    log(INFO, "%s clients connected; results go to %s", len(clients), writer.dir)
+    pids = list(clients)
+    writer.write_label_counts(pids, np.stack([clients[p].train_label_counts for p in pids]),
+                              np.stack([clients[p].test_label_counts for p in pids]))
+
+    model = make_model(cfg, input_shape, num_classes)
+    initial = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    strategy = method.strategy(cfg, clients, initial)
+    strategy.summary()
+
+    empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
+    rounds = cfg["num-server-rounds"]
+    for rnd in range(1, rounds + 1):
+        start = time.monotonic()
+        msgs = list(strategy.configure_train(rnd, empty_arrays, empty_config, grid))
+        bytes_down = sum(wire.content_bytes(m.content) for m in msgs)
+        replies = list(grid.send_and_receive(msgs, timeout=cfg["round-timeout"]))
+        bytes_up = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
+        _, train_metrics = strategy.aggregate_train(rnd, replies)
+        row = {"round": rnd, "bytes_up": bytes_up, "bytes_down": bytes_down,
+               "replies": train_metrics["replies"], "dropped": train_metrics["dropped"],
+               "train_loss": train_metrics.get(wire.TRAIN_LOSS, "")}
+        evaluation = None
+        if rnd % cfg["eval-every"] == 0 or rnd == rounds:
+            msgs = list(strategy.configure_evaluate(rnd, empty_arrays, empty_config, grid))
+            row["eval_bytes_down"] = sum(wire.content_bytes(m.content) for m in msgs)
+            evaluation = strategy.aggregate_evaluate(rnd, grid.send_and_receive(msgs, timeout=cfg["round-timeout"]))
+            if evaluation is not None:
+                row.update(acc_weighted=evaluation["acc-weighted"], acc_client_mean=evaluation["acc-client-mean"],
+                           acc_client_std=evaluation["acc-client-std"], loss=evaluation["loss"])
+        row["wall_s"] = time.monotonic() - start
+        writer.add_round(row, evaluation)
+        acc = f"{100 * row['acc_weighted']:.2f}%" if "acc_weighted" in row else "-"
+        log(INFO, "[round %s/%s] acc %s  train-loss %s  replies %s (dropped %s)  %.2f s", rnd, rounds, acc,
+            f"{row['train_loss']:.4f}" if row["train_loss"] != "" else "-", row["replies"], row["dropped"],
+            row["wall_s"])
+    summary = writer.finish(len(clients), strategy.dropped)
+    log(INFO, "\n%s", format_summary(summary))
+    return summary

@@ -1,0 +1,138 @@
+"""Results of one run: resolved config, per-round and per-client CSVs, summary.json and plots.
+
+Rows are appended and flushed every round, so a run that dies still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROUND_FIELDS = ["round", "acc_weighted", "acc_client_mean", "acc_client_std", "loss", "train_loss",
+                "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "replies", "dropped"]
+CLIENT_FIELDS = ["round", "partition_id", "accuracy", "test_samples"]
+
+
+def default_run_name(cfg) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{stamp}"
+
+
+class ResultsWriter:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        name = cfg["run-name"] or default_run_name(cfg)
+        self.dir = Path(cfg["results-dir"]).expanduser().resolve() / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+        self.rounds: list[dict] = []
+        self._start = time.monotonic()
+        self._init_csv("rounds.csv", ROUND_FIELDS)
+        self._init_csv("clients.csv", CLIENT_FIELDS)
+
+    def _init_csv(self, name: str, fields: list[str]) -> None:
+        with open(self.dir / name, "w", newline="") as f:
+            csv.DictWriter(f, fields).writeheader()
+
+    def _append(self, name: str, fields: list[str], rows: list[dict]) -> None:
+        with open(self.dir / name, "a", newline="") as f:
+            csv.DictWriter(f, fields).writerows(rows)
+
+    def write_label_counts(self, pids: list[int], train_counts: np.ndarray, test_counts: np.ndarray) -> None:
+        """Per-client label counts (train + test) as CSV and as a heatmap."""
+        from partitions import plot_label_heatmap
+
+        counts = train_counts + test_counts
+        with open(self.dir / "label_counts.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["partition_id", "num_train", "num_test", *[f"class_{c}" for c in range(counts.shape[1])]])
+            for pid, tr, te, row in zip(pids, train_counts.sum(1), test_counts.sum(1), counts):
+                w.writerow([pid, int(tr), int(te), *map(int, row)])
+        plot_label_heatmap(counts, str(self.dir / "label_counts.png"),
+                           title=f"{self.cfg['dataset']} / {self.cfg['partition']}: samples per client and class")
+
+    def add_round(self, row: dict, client_eval: dict | None) -> None:
+        self.rounds.append(row)
+        self._append("rounds.csv", ROUND_FIELDS, [{k: row.get(k, "") for k in ROUND_FIELDS}])
+        if client_eval:
+            rows = [{"round": row["round"], "partition_id": pid, "accuracy": acc, "test_samples": n}
+                    for pid, acc, n in zip(client_eval["client-pids"], client_eval["client-acc"], client_eval["client-n"])]
+            self._append("clients.csv", CLIENT_FIELDS, rows)
+
+    def finish(self, num_clients: int, dropped: list[dict], status: str = "completed") -> dict:
+        evaluated = [r for r in self.rounds if _is_number(r.get("acc_weighted"))]
+        last = evaluated[-1] if evaluated else {}
+        best = max(evaluated, key=lambda r: r["acc_weighted"]) if evaluated else {}
+        n_rounds = len(self.rounds)
+        bytes_up = sum(r.get("bytes_up", 0) for r in self.rounds)
+        bytes_down = sum(r.get("bytes_down", 0) for r in self.rounds)
+        summary = {
+            "method": self.cfg["method"], "dataset": self.cfg["dataset"], "partition": self.cfg["partition"],
+            "model": self.cfg["model"], "seed": self.cfg["seed"], "num_clients": num_clients, "rounds": n_rounds,
+            "final_acc": last.get("acc_weighted"), "best_acc": best.get("acc_weighted"),
+            "best_round": best.get("round"),
+            "client_acc_mean": last.get("acc_client_mean"), "client_acc_std": last.get("acc_client_std"),
+            "bytes_up": bytes_up, "bytes_down": bytes_down,
+            "bytes_up_per_round": bytes_up / max(n_rounds, 1), "bytes_down_per_round": bytes_down / max(n_rounds, 1),
+            "wall_s": time.monotonic() - self._start,
+            "wall_s_per_round": sum(r.get("wall_s", 0.0) for r in self.rounds) / max(n_rounds, 1),
+            "dropped_replies": len(dropped), "status": status, "results_dir": str(self.dir),
+        }
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if dropped:
+            (self.dir / "dropped.json").write_text(json.dumps(dropped, indent=2, default=str))
+        if evaluated:
+            plot_accuracy(evaluated, self.dir / "accuracy.png", title=f"{self.cfg['method']} on {self.cfg['dataset']}")
+        return summary
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [r["round"] for r in rows]
+    mean = np.array([r["acc_client_mean"] for r in rows])
+    std = np.array([r["acc_client_std"] for r in rows])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(rounds, [r["acc_weighted"] for r in rows], label="weighted accuracy")
+    ax.plot(rounds, mean, "--", label="client mean")
+    ax.fill_between(rounds, mean - std, mean + std, alpha=0.2, label="client mean ± std")
+    ax.set(xlabel="round", ylabel="personalised test accuracy", title=title, ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_summary(summary: dict) -> str:
+    """A small text table of a finished run, for logs and the terminal."""
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.2f}"
+
+    rows = [
+        ("method", summary["method"]), ("dataset / partition", f"{summary['dataset']} / {summary['partition']}"),
+        ("clients x rounds", f"{summary['num_clients']} x {summary['rounds']}"),
+        ("final acc (weighted) %", pct(summary["final_acc"])),
+        ("best acc (weighted) %", f"{pct(summary['best_acc'])} (round {summary['best_round']})"),
+        ("client acc mean ± std %", f"{pct(summary['client_acc_mean'])} ± {pct(summary['client_acc_std'])}"),
+        ("MB up / down per round", f"{summary['bytes_up_per_round'] / 1e6:.3f} / {summary['bytes_down_per_round'] / 1e6:.3f}"),
+        ("wall s (per round)", f"{summary['wall_s']:.1f} ({summary['wall_s_per_round']:.2f})"),
+        ("dropped replies", str(summary["dropped_replies"])),
+        ("results", summary["results_dir"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    line = "+" + "-" * (width + 2) + "+" + "-" * 50 + "+"
+    body = "\n".join(f"| {k:<{width}} | {str(v):<48} |" for k, v in rows)
+    return f"{line}\n{body}\n{line}"

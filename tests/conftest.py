@@ -1,0 +1,44 @@
+"""Shared fixtures: Flower env vars, a small run config, and an in-process federation runner."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def small_config(tmp_path, **overrides) -> dict:
+    """A tiny but real setting: digits, 2 classes per client, 2 rounds."""
+    config = {
+        "dataset": "digits", "partition": "pathological", "num-server-rounds": 2, "local-epochs": 1,
+        "batch-size": 16, "lr": 0.05, "results-dir": str(tmp_path / "results"), "run-name": "test-run",
+        "node-wait-s": 0, "seed": 0,
+    }
+    config.update(overrides)
+    return config
+
+
+def run_inprocess(tmp_path, num_clients: int = 3, faults=None, **overrides):
+    """Run the real ServerApp loop against the real ClientApp, in this process."""
+    from clients.app import app as client_app
+    from fedcore.config import Config
+    from server_app.app import run_experiment
+    from tests.harness import LocalGrid
+
+    config = small_config(tmp_path, **overrides)
+    grid = LocalGrid(client_app, num_clients, config, faults=faults)
+    summary = run_experiment(grid, Config.from_run_config(config))
+    return summary, grid
+
+
+@pytest.fixture
+def inprocess(tmp_path):
+    def _run(num_clients: int = 3, faults=None, **overrides):
+        return run_inprocess(tmp_path, num_clients, faults, **overrides)
+
+    return _run

@@ -1,0 +1,95 @@
+"""Run-config validation: wrong keys and values stop the run at start with the valid choices listed."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedcore.config import Config, ConfigError, schema
+from fedcore.registry import REGISTRY, get_method
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pyproject_config() -> dict:
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    flat = {}
+
+    def walk(prefix, node):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            else:
+                flat[prefix + key] = value
+
+    walk("", table)
+    return flat
+
+
+def test_pyproject_defaults_match_schema():
+    """Every schema key is in pyproject (so --run-config can override it) with the same default."""
+    flat = pyproject_config()
+    keys = schema()
+    assert set(flat) == set(keys)
+    for name, key in keys.items():
+        assert flat[name] == key.default, name
+    Config.from_run_config(flat)  # the shipped defaults are valid
+
+
+def test_required_keys_exist():
+    keys = schema()
+    for name in ["method", "dataset", "partition", "num-server-rounds", "seed", "local-epochs", "batch-size",
+                 "lr", "fraction-train", "eval-every", "results-dir"]:
+        assert name in keys
+
+
+def test_missing_keys_take_defaults():
+    cfg = Config.from_run_config({"method": "local"})
+    assert cfg["lr"] == schema()["lr"].default
+    assert cfg.method == "local"
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("method", "fedfoo", "choose one of: local, fedavg"),
+    ("dataset", "imagenet", "choose one of:"),
+    ("partition", "weird", "dirichlet"),
+    ("model", "vgg", "resnet18"),
+    ("num-server-rounds", 0, ">= 1"),
+    ("lr", 0.0, "> 0.0"),
+    ("lr", -1, "> 0.0"),
+    ("fraction-train", 1.5, "<= 1.0"),
+    ("batch-size", 2.5, "integer"),
+    ("batch-size", True, "integer"),
+    ("lr", "fast", "number"),
+    ("pathological.balance", 1, "true or false"),
+    ("dirichlet.alpha", float("nan"), "finite"),
+])
+def test_bad_values_are_refused_with_a_clear_message(key, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        Config.from_run_config({key: value})
+    assert key in str(err.value) and fragment in str(err.value)
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError, match="unknown run-config key.*num-rounds.*Valid keys:.*num-server-rounds"):
+        Config.from_run_config({"num-rounds": 3})
+
+
+def test_integer_valued_float_is_accepted_for_int_and_int_for_float():
+    cfg = Config.from_run_config({"num-server-rounds": 3.0, "lr": 1})
+    assert cfg["num-server-rounds"] == 3 and isinstance(cfg["num-server-rounds"], int)
+    assert cfg["lr"] == 1.0 and isinstance(cfg["lr"], float)
+
+
+def test_partition_params_are_those_of_the_selected_scheme():
+    cfg = Config.from_run_config({"partition": "dirichlet", "dirichlet.alpha": 0.3})
+    assert cfg.partition_params() == {"alpha": 0.3, "min-size": 0, "train-fraction": 0.75}
+    cfg = Config.from_run_config({"partition": "file", "file.path": "/x.json"})
+    assert cfg.partition_params()["file"] == "/x.json"
+
+
+def test_registry_entries_resolve():
+    for name, method in REGISTRY.items():
+        assert method.strategy.__name__ and method.client.__name__, name
+    with pytest.raises(ValueError, match="choose one of"):
+        get_method("nope")
