@@ -4,7 +4,7 @@ Every PFL method here needs that split (FedPer/FedRep share parts, FedFCD fuses 
 FedSaC builds subspaces from features, MuPFL hooks stage activations), so each builder returns
 a `SplitModel` whose state_dict keys start with "body." or "head.".
 
-Written from the specs in the specs in ../shared/specs (no torchvision). Init = PyTorch defaults; the
+Written from the project specs (no torchvision). Init = PyTorch defaults; the
 caller seeds with torch.manual_seed so that every client can start from the same model.
 """
 
