@@ -119,9 +119,8 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     with LocalSimulationLink(app_dir, home) as link:
         args = ["run", str(app_dir), "--run-config", overrides, "--federation-config", federation]
         proc = link.flwr(*args, *(["--stream"] if stream else []), timeout=timeout)
-        runs = link.runs()
-        if not stream and runs:  # without --stream flwr returns after submitting: wait for the run
-            runs = _wait_finished(link, timeout)
+        # without --stream flwr returns after submitting: wait for the run to finish
+        runs = link.runs() if stream else _wait_finished(link, timeout)
     run = max(runs, key=lambda r: r.get("run-id", 0), default={})
     status = run.get("status", f"unknown (flwr run exited {proc.returncode})")
     result_dir = Path(config["results-dir"]) / config["run-name"]
