@@ -14,7 +14,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench deploy-local clean
 
 install: $(STAMP)
 
@@ -36,3 +36,6 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
+
+deploy-local: $(STAMP)
+	$(BIN)/python -m server_app.deploy_local --supernodes 2 --run-config "num-server-rounds=3 dataset='digits' node-wait-s=60"

@@ -1,0 +1,19 @@
+# SuperExec image: runs this project's ServerApp or ClientApps (process isolation).
+ARG FLWR_VERSION=1.41.0
+FROM flwr/superexec:${FLWR_VERSION}
+
+WORKDIR /app
+COPY --chown=app:app constraints.txt pyproject.toml README.md ./
+COPY --chown=app:app fedcore fedcore
+COPY --chown=app:app fedstrategies fedstrategies
+COPY --chown=app:app clients clients
+COPY --chown=app:app server_app server_app
+COPY --chown=app:app partitions partitions
+# CPU torch from the PyTorch index (PyPI's default Linux wheel pulls the CUDA stack), then the package.
+# flwr is already in the base image, so it is left out of the constraints.
+RUN grep -v '^flwr==' constraints.txt > /tmp/constraints.txt \
+ && python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+ && python -m pip install --no-cache-dir -c /tmp/constraints.txt .
+
+ENV FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+ENTRYPOINT ["flower-superexec"]
