@@ -106,6 +106,25 @@ def _common_keys() -> dict[str, Key]:
     }
 
 
+def pyproject_run_config(app_dir) -> dict[str, Any]:
+    """The run-config defaults of a Flower App's pyproject.toml, flattened as Flower does (``a.b``)."""
+    import tomllib
+    from pathlib import Path
+
+    table = tomllib.loads((Path(app_dir) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: dict) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            else:
+                flat[prefix + key] = value
+
+    walk("", table)
+    return flat
+
+
 def schema() -> dict[str, Key]:
     """Every valid run-config key: the common ones plus each registered method's ``<method>.<key>``."""
     from fedcore.registry import REGISTRY

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from fedcore.config import pyproject_run_config
 from server_app.launch import FLWR_ENV, _bin, _free_port, _toml, parse_overrides
 from server_app.results import default_run_name, format_summary
 
@@ -41,8 +42,13 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def deploy(run_config: dict, *, supernodes: int, app_dir: Path, workdir: Path, timeout: float = 1800) -> dict:
-    """Start SuperLink + SuperNodes, run the app, stop everything; returns status and summary."""
+def deploy(run_config: dict, *, supernodes: int, app_dir: Path, workdir: Path, isolation: str = "subprocess",
+           timeout: float = 1800) -> dict:
+    """Start SuperLink + SuperNodes, run the app, stop everything; returns status and summary.
+
+    ``isolation="process"`` also starts one ``flower-superexec`` for the SuperLink and one per
+    SuperNode, exactly as docker/compose.yml does with containers.
+    """
     app_dir = app_dir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     bin_dir = str(Path(sys.executable).parent)
@@ -50,26 +56,32 @@ def deploy(run_config: dict, *, supernodes: int, app_dir: Path, workdir: Path, t
     port = _free_port()
     config = dict(run_config)
     config.setdefault("results-dir", str(workdir / "results"))
-    config.setdefault("run-name", default_run_name({"method": config.get("method", "fedavg"),
-                                                     "dataset": config.get("dataset", "mnist5k"),
-                                                     "partition": config.get("partition", "pathological"),
-                                                     "seed": config.get("seed", 0)}))
+    config.setdefault("run-name", default_run_name({**pyproject_run_config(app_dir), **config}))
     with ExitStack() as stack:
         link_home = workdir / "superlink"
         link_home.mkdir(exist_ok=True)
         link = _start([_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
-                       "--disable-runtime-dependency-installation"],
+                       "--isolation", isolation, "--disable-runtime-dependency-installation"],
                       {**base_env, "FLWR_HOME": str(link_home)}, workdir / "superlink.log", app_dir)
         stack.callback(_stop, link)
         _wait_health(port, link, workdir / "superlink.log")
+        if isolation == "process":
+            stack.callback(_stop, _start([_bin("flower-superexec"), "--insecure", "--runtime-api-address",
+                                          f"127.0.0.1:{port}"], {**base_env, "FLWR_HOME": str(link_home)},
+                                         workdir / "superexec-serverapp.log", app_dir))
         for i in range(supernodes):
             home = workdir / f"supernode-{i}"
             home.mkdir(exist_ok=True)
+            node_port = _free_port()
             node = _start([_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                           "--port", str(_free_port()),
+                           "--port", str(node_port), "--isolation", isolation,
                            "--node-config", f"partition-id={i} num-partitions={supernodes}"],
                           {**base_env, "FLWR_HOME": str(home)}, workdir / f"supernode-{i}.log", app_dir)
             stack.callback(_stop, node)
+            if isolation == "process":
+                stack.callback(_stop, _start([_bin("flower-superexec"), "--insecure", "--runtime-api-address",
+                                              f"127.0.0.1:{node_port}"], {**base_env, "FLWR_HOME": str(home)},
+                                             workdir / f"superexec-clientapp-{i}.log", app_dir))
         cli_home = workdir / "cli"
         cli_home.mkdir(exist_ok=True)
         (cli_home / "config.toml").write_text(
@@ -106,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supernodes", type=int, default=2)
     parser.add_argument("--run-config", default="")
     parser.add_argument("--app", type=Path, default=Path("."))
+    parser.add_argument("--isolation", choices=("subprocess", "process"), default="subprocess",
+                        help="process: separate flower-superexec processes, as in docker/compose.yml")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and FLWR_HOMEs (default: a temp dir)")
     args = parser.parse_args(argv)
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="pfl-deploy-"))).resolve()
-    result = deploy(parse_overrides(args.run_config), supernodes=args.supernodes, app_dir=args.app, workdir=workdir)
+    result = deploy(parse_overrides(args.run_config), supernodes=args.supernodes, app_dir=args.app, workdir=workdir,
+                    isolation=args.isolation)
     print(f"\ndeployment run: {result['status']} {result['details']}  (logs in {workdir})")
     if result["summary"]:
         print(format_summary(result["summary"]))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from fedcore.config import pyproject_run_config
 from server_app.results import default_run_name, format_summary
 
 FLWR_ENV = {
@@ -111,7 +112,7 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     config.setdefault("results-dir", str((app_dir / "results").resolve()))
     config["results-dir"] = str(Path(str(config["results-dir"])).expanduser().resolve())
     if not config.get("run-name"):
-        config["run-name"] = default_run_name({**_defaults(app_dir), **config})
+        config["run-name"] = default_run_name({**pyproject_run_config(app_dir), **config})
     overrides = " ".join(f"{k}={_toml(v)}" for k, v in config.items())
     federation = (f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client} "
                   f"client-resources-num-gpus={gpus_per_client}")
@@ -138,23 +139,6 @@ def _wait_finished(link: LocalSimulationLink, timeout: float) -> list[dict]:
             return runs
         time.sleep(2)
     return link.runs()
-
-
-def _defaults(app_dir: Path) -> dict:
-    import tomllib
-
-    table = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    flat: dict = {}
-
-    def walk(prefix, node):
-        for k, v in node.items():
-            if isinstance(v, dict):
-                walk(f"{prefix}{k}.", v)
-            else:
-                flat[prefix + k] = v
-
-    walk("", table)
-    return flat
 
 
 def _toml(value) -> str:

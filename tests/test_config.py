@@ -1,34 +1,18 @@
 """Run-config validation: wrong keys and values stop the run at start with the valid choices listed."""
 
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from fedcore.config import Config, ConfigError, schema
+from fedcore.config import Config, ConfigError, pyproject_run_config, schema
 from fedcore.registry import REGISTRY, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pyproject_config() -> dict:
-    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    flat = {}
-
-    def walk(prefix, node):
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(f"{prefix}{key}.", value)
-            else:
-                flat[prefix + key] = value
-
-    walk("", table)
-    return flat
-
-
 def test_pyproject_defaults_match_schema():
     """Every schema key is in pyproject (so --run-config can override it) with the same default."""
-    flat = pyproject_config()
+    flat = pyproject_run_config(ROOT)
     keys = schema()
     assert set(flat) == set(keys)
     for name, key in keys.items():
