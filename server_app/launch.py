@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = simulate(parse_overrides(args.run_config), supernodes=args.supernodes, app_dir=Path(args.app),
                       cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
-    print(f"\nrun {result['run_id']}: {result['status']} {result['details']}".rstrip())
+    details = "" if result["details"] in ("", "N/A") else result["details"]
+    print(f"\nrun {result['run_id']}: {result['status']} {details}".rstrip())
     if result["summary"]:
         print(format_summary(result["summary"]))
     return 0 if result["status"] == "finished:completed" else 1
