@@ -103,12 +103,17 @@ _threads_set = False
 
 
 def set_client_threads(cfg: Config) -> None:
-    """Give torch this client's CPU share once per process (several actors share 2 cores in simulation)."""
+    """Give torch this client's CPU share once per process.
+
+    ``client-threads`` wins; else ``OMP_NUM_THREADS``, which Ray sets to each simulated client's CPU
+    count (several actors share the cores); else torch's default, all cores (one SuperNode per machine).
+    """
     global _threads_set
     if _threads_set:
         return
-    threads = cfg["client-threads"] or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
-    torch.set_num_threads(max(1, threads))
+    threads = cfg["client-threads"] or int(os.environ.get("OMP_NUM_THREADS") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
     _threads_set = True
 
 

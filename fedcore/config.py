@@ -85,7 +85,7 @@ def _common_keys() -> dict[str, Key]:
         "run-name": Key("", "name of this run's results folder; empty = method-dataset-partition-seed-time"),
         "data-dir": Key("", "cache for downloadable datasets; empty = ~/.cache/pfl-flower"),
         "device": Key("auto", "torch device for clients", choices=("auto", "cpu", "cuda")),
-        "client-threads": Key(0, "torch threads per client process; 0 = OMP_NUM_THREADS or 1", low=0),
+        "client-threads": Key(0, "torch threads per client process; 0 = OMP_NUM_THREADS, else all cores", low=0),
         "round-timeout": Key(3600, "seconds to wait for one round's replies", low=1),
         "node-wait-s": Key(60, "seconds to wait for all SuperNodes to connect at start", low=0),
         "train-fraction": Key(0.75, "share of each client's data used for training", low=0.0, high=1.0, low_open=True),
