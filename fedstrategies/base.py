@@ -166,23 +166,23 @@ class PersonalizedStrategy(Strategy):
                  required_metrics: tuple[str, ...] = ()) -> list[ClientReply]:
         """Keep the well-formed replies; log and count every other one (and every missing one)."""
         valid: list[ClientReply] = []
+        answered: set = set()
         for msg in replies:
             node = msg.metadata.src_node_id
             who = self.pid_of.get(node, f"node {node}")
+            answered.add(who)
             reason, reply = self._parse(msg, node, schema_of, required_metrics)
             if reply is not None and reply.pid not in self._pending.get(phase, ()):
                 reason, reply = f"unexpected reply (client {reply.pid} was not asked this round)", None
             if reply is not None and any(r.pid == reply.pid for r in valid):
                 reason, reply = "duplicate reply", None
-            if reply is not None:
-                reason = self.check_reply(reply) if phase == "train" else None
+            if reply is not None and phase == "train":
+                reason = self.check_reply(reply)
             if reason is not None:
                 self._drop(server_round, phase, who, reason)
             else:
                 valid.append(reply)
-        got = {r.pid for r in valid} | {d["client"] for d in self.dropped
-                                         if d["round"] == server_round and d["phase"] == phase}
-        for pid in sorted(self._pending.get(phase, set()) - got):
+        for pid in sorted(self._pending.get(phase, set()) - answered):
             self._drop(server_round, phase, pid, "no reply (timed out or node gone)")
         return valid
 
