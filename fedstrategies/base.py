@@ -223,7 +223,6 @@ class PersonalizedStrategy(Strategy):
         return None, ClientReply(pid, node, int(metrics[wire.NUM_EXAMPLES]), metrics, arrays)
 
 
-def weights_schema(weights: dict[str, np.ndarray], keys: Iterable[str] | None = None) -> dict[str, tuple[int, ...]]:
-    """Schema entry for a ``weights`` record holding (a subset of) the given tensors."""
-    keys = weights.keys() if keys is None else keys
-    return {key: tuple(weights[key].shape) for key in keys}
+def weights_schema(weights: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Schema entry for a ``weights`` record: exactly these tensors, with these shapes."""
+    return {key: tuple(value.shape) for key, value in weights.items()}
