@@ -17,6 +17,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from clients.models import SplitModel, build_model, default_model, pick_device
+from clients.training import LossFn, cross_entropy, train_epochs
 from fedcore.config import Config
 from partitions import build_splits, load_dataset
 
@@ -143,13 +144,12 @@ class ClientEnv:
                                momentum=self.cfg["momentum"], weight_decay=self.cfg["weight-decay"])
 
     # --- persistent state (Flower context.state)
-    def load_model(self, name: str = "model") -> SplitModel | None:
-        """The model saved under ``name`` in an earlier round, or None in the client's first round."""
-        record = self.state.array_records.get(name)
-        if record is None:
-            return None
+    def load_model(self, name: str = "model") -> SplitModel:
+        """The model saved under ``name`` in an earlier round; the seeded initial one in the first round."""
         model = self.new_model()
-        model.load_state_dict(record.to_torch_state_dict())
+        record = self.state.array_records.get(name)
+        if record is not None:
+            model.load_state_dict(record.to_torch_state_dict())
         return model
 
     def save_model(self, model: torch.nn.Module, name: str = "model") -> None:
@@ -177,6 +177,17 @@ class ClientMethod:
 
     def evaluate(self, content: RecordDict) -> EvalResult:
         raise NotImplementedError
+
+    def train(self, model: torch.nn.Module, *, epochs: int | None = None, params=None, tag: int = 0,
+              loss_fn: LossFn = cross_entropy, x: torch.Tensor | None = None) -> float:
+        """SGD on this client's training set: ``local-epochs`` epochs of all ``model`` parameters unless
+        told otherwise; ``x`` replaces the inputs (e.g. features cached from a fixed body); ``tag``
+        picks a shuffle stream of its own."""
+        return train_epochs(model, self.data.x_train if x is None else x, self.data.y_train,
+                            epochs=self.cfg["local-epochs"] if epochs is None else epochs,
+                            batch_size=self.cfg["batch-size"],
+                            optimizer=self.env.optimizer(model.parameters() if params is None else params),
+                            generator=self.env.generator(tag), loss_fn=loss_fn)
 
     # --- helpers shared by the weight-exchanging methods
     def model_from(self, content: RecordDict, record: str) -> SplitModel:

@@ -1,16 +1,14 @@
 """FedAvg client: start from the received global model, train locally, send the whole model back."""
 
 from clients.base import ClientMethod, EvalResult
-from clients.training import evaluate_model, train_epochs
+from clients.training import evaluate_model
 from fedcore import wire
 
 
 class FedAvgClient(ClientMethod):
     def local_train(self, model, content) -> float:
         """One round of local training of the received model (FedProx adds its proximal term here)."""
-        return train_epochs(model, self.data.x_train, self.data.y_train, epochs=self.cfg["local-epochs"],
-                            batch_size=self.cfg["batch-size"], optimizer=self.env.optimizer(model.parameters()),
-                            generator=self.env.generator())
+        return self.train(model)
 
     def fit(self, content):
         model = self.model_from(content, wire.WEIGHTS)

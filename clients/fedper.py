@@ -11,7 +11,6 @@ class FedPerClient(FedAvgClient):
     def personal_model(self, content):
         """The client's model (personal head from earlier rounds) with the received global body."""
         model = self.env.load_model()
-        model = self.env.new_model() if model is None else model
         self.load_weights(model, content, wire.WEIGHTS)
         return model
 

@@ -7,15 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import ClientMethod, EvalResult
-from clients.training import class_means, evaluate_model, extract_features, train_epochs
+from clients.training import class_means, cross_entropy, evaluate_model, extract_features
 from fedcore import wire
 
 
 class FedProtoClient(ClientMethod):
-    def _model(self):
-        model = self.env.load_model()
-        return self.env.new_model() if model is None else model
-
     def _global_protos(self, content) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Global prototypes as (class ids, (K, d) features), or None before the first aggregation."""
         if wire.CLASS_FEATURES not in content.array_records:
@@ -27,10 +23,10 @@ class FedProtoClient(ClientMethod):
         return torch.as_tensor(ids, device=dev), torch.as_tensor(feats, device=dev)
 
     def fit(self, content):
-        model = self._model()
+        model = self.env.load_model()
         protos = self._global_protos(content)
         lam = self.hp["lambda"]
-        loss_fn = None
+        loss_fn = cross_entropy
         if protos is not None and lam > 0:
             ids, feats = protos
             table = torch.zeros(self.data.num_classes, feats.shape[1], device=feats.device)
@@ -46,10 +42,7 @@ class FedProtoClient(ClientMethod):
                     loss = loss + lam * F.mse_loss(h[has], table[yb[has]])
                 return loss
 
-        kwargs = {} if loss_fn is None else {"loss_fn": loss_fn}
-        loss = train_epochs(model, self.data.x_train, self.data.y_train, epochs=self.cfg["local-epochs"],
-                            batch_size=self.cfg["batch-size"], optimizer=self.env.optimizer(model.parameters()),
-                            generator=self.env.generator(), **kwargs)
+        loss = self.train(model, loss_fn=loss_fn)
         self.env.save_model(model)
         ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
                                          self.data.num_classes)
@@ -57,7 +50,7 @@ class FedProtoClient(ClientMethod):
                                                              counts.cpu().numpy())}, {"train-loss": loss}
 
     def evaluate(self, content):
-        model = self._model()
+        model = self.env.load_model()
         protos = self._global_protos(content)
         loss, correct, n = evaluate_model(model, self.data.x_test, self.data.y_test)
         if protos is not None:  # FedProto's inference: the class of the nearest global prototype

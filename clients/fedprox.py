@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from clients.fedavg import FedAvgClient
-from clients.training import proximal_term, train_epochs
+from clients.training import proximal_term
 
 
 class FedProxClient(FedAvgClient):
@@ -16,6 +16,4 @@ class FedProxClient(FedAvgClient):
         def loss_fn(m, xb, yb):
             return F.cross_entropy(m(xb), yb) + 0.5 * mu * proximal_term(m, anchor)
 
-        return train_epochs(model, self.data.x_train, self.data.y_train, epochs=self.cfg["local-epochs"],
-                            batch_size=self.cfg["batch-size"], optimizer=self.env.optimizer(model.parameters()),
-                            generator=self.env.generator(), loss_fn=loss_fn)
+        return self.train(model, loss_fn=loss_fn)

@@ -1,7 +1,7 @@
 """FedRep client: head epochs with the body fixed, then body epochs with the head fixed; uploads the body."""
 
 from clients.fedper import FedPerClient
-from clients.training import extract_features, train_epochs
+from clients.training import extract_features
 
 HEAD_TAG = 1
 
@@ -14,15 +14,11 @@ class FedRepClient(FedPerClient):
     def train_head(self, model) -> None:
         """Head epochs with the body fixed: its features are computed once and the head trains on them."""
         feats = extract_features(model, self.data.x_train)
-        train_epochs(model.head, feats, self.data.y_train, epochs=self.hp["head-epochs"],
-                     batch_size=self.cfg["batch-size"], optimizer=self.env.optimizer(model.head.parameters()),
-                     generator=self.env.generator(HEAD_TAG))
+        self.train(model.head, x=feats, epochs=self.hp["head-epochs"], tag=HEAD_TAG)
 
     def train_body(self, model) -> float:
         """Body epochs with the head fixed."""
         model.head.requires_grad_(False)
-        loss = train_epochs(model, self.data.x_train, self.data.y_train, epochs=self.cfg["local-epochs"],
-                            batch_size=self.cfg["batch-size"], optimizer=self.env.optimizer(model.body.parameters()),
-                            generator=self.env.generator())
+        loss = self.train(model, params=model.body.parameters())
         model.head.requires_grad_(True)
         return loss

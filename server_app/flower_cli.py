@@ -1,0 +1,145 @@
+"""Driving Flower's own processes and CLI: shared by the simulation launcher and the local deployment.
+
+Both start Flower servers they must stop again, both submit a run with ``flwr run`` (which exits 0
+even when the run failed) and both judge it by ``flwr ls --format json`` and the run's summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import httpx
+
+from fedcore.config import pyproject_run_config
+from server_app.results import default_run_name, format_summary
+
+FLWR_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bin_path(name: str) -> str:
+    """The CLI next to this interpreter (the project's virtualenv), else from PATH."""
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.exists() else name
+
+
+def flower_env(home: Path, **extra: str) -> dict[str, str]:
+    """Environment for one Flower process: our env vars, its own FLWR_HOME, and the virtualenv's
+    bin/ first on PATH (a SuperLink or SuperNode spawns ``flower-superexec`` by name)."""
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    return {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path, **extra}
+
+
+def start(cmd: list[str], env: dict, cwd: Path, log: Path | None = None) -> subprocess.Popen:
+    """Start a Flower process in its own session, so that ``stop`` ends it with its children."""
+    out = open(log, "w") if log is not None else subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    """Block until the SuperLink on ``port`` answers /health; fail early if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"flower-superlink did not become ready in {timeout:.0f} s; see {log}")
+
+
+def flwr(*args: str, env: dict, cwd: Path, capture: bool = False, timeout: float | None = None):
+    return subprocess.run([bin_path("flwr"), *args], cwd=cwd, env=env, text=True, capture_output=capture,
+                          timeout=timeout)
+
+
+def list_runs(*connection: str, env: dict, cwd: Path) -> list[dict]:
+    """``flwr ls [connection] --format json`` as a list of runs (empty if it cannot be read)."""
+    out = flwr("ls", *connection, "--format", "json", env=env, cwd=cwd, capture=True, timeout=120)
+    try:
+        return json.loads(out.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return []
+
+
+def resolve_config(run_config: dict, app_dir: Path, results_dir: Path) -> dict:
+    """Run config with an absolute results-dir and a run-name, so the results can be found afterwards."""
+    config = dict(run_config)
+    config.setdefault("results-dir", str(results_dir))
+    config["results-dir"] = str(Path(str(config["results-dir"])).expanduser().resolve())
+    if not config.get("run-name"):
+        config["run-name"] = default_run_name({**pyproject_run_config(app_dir), **config})
+    return config
+
+
+def run_result(runs: list[dict], config: dict) -> dict:
+    """The newest run's status plus the summary.json the ServerApp wrote (None if it wrote none)."""
+    run = max(runs, key=lambda r: r.get("run-id", 0), default={})
+    result_dir = Path(config["results-dir"]) / config["run-name"]
+    summary_file = result_dir / "summary.json"
+    details = run.get("status-details", "")
+    return {"status": run.get("status", "unknown"), "details": "" if details == "N/A" else details,
+            "summary": json.loads(summary_file.read_text()) if summary_file.exists() else None,
+            "results_dir": str(result_dir), "run_id": run.get("run-id")}
+
+
+def report(result: dict, label: str) -> int:
+    """Print the status line and the results table; exit status 0 only for a completed run."""
+    print(f"\n{label} {result['run_id']}: {result['status']} {result['details']}".rstrip())
+    if result["summary"]:
+        print(format_summary(result["summary"]))
+    return 0 if result["status"] == "finished:completed" else 1
+
+
+def toml_overrides(config: dict) -> str:
+    """A run config as ``--run-config`` text (TOML values)."""
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        return json.dumps(str(v))  # a TOML basic string
+
+    return " ".join(f"{k}={value(v)}" for k, v in config.items())
+
+
+def parse_overrides(text: str) -> dict[str, object]:
+    """Parse ``k=v k2='s'`` (TOML values) into a dict."""
+    out: dict[str, object] = {}
+    for item in shlex.split(text, posix=False):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"bad --run-config item {item!r}: expected key=value")
+        out[key] = tomllib.loads(f"v = {value}")["v"]
+    return out
