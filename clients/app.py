@@ -1,17 +1,23 @@
 """The ClientApp: routes each message to the configured method's client.
 
-Every reply carries the client's ``partition-id`` (node ids are random per run) and its
-``num-examples``. A client that raises produces an error reply, which the server logs and drops.
+Every reply carries the client's ``partition-id`` (node ids are random per run), its
+``num-examples`` and the round its client state comes from. Before a method sees a message,
+torch's, numpy's and Python's global generators are seeded from (seed, partition id, round,
+phase), so dropout and any other random operation repeat exactly under Ray and in deployment.
+A client that raises produces an error reply, which the server logs and drops.
 """
 
 from __future__ import annotations
 
+import random
 from functools import lru_cache
 
+import numpy as np
+import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.base import ClientEnv, set_client_threads
+from clients.base import ClientEnv, message_seed, set_client_threads
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.registry import get_method
@@ -34,26 +40,38 @@ def _identity(context: Context) -> tuple[int, int]:
         ) from err
 
 
-def _env(msg: Message, context: Context) -> ClientEnv:
+def _env(msg: Message, context: Context, phase: str) -> ClientEnv:
     cfg = _config(tuple(sorted(context.run_config.items())))
     set_client_threads(cfg)
     pid, num_clients = _identity(context)
-    server_round = int(msg.content.config_records[wire.CONFIG].get(wire.SERVER_ROUND, 0)) \
-        if wire.CONFIG in msg.content.config_records else 0
-    return ClientEnv(cfg, pid, num_clients, context.state, server_round)
+    config = dict(msg.content.config_records[wire.CONFIG]) if wire.CONFIG in msg.content.config_records else {}
+    server_round = int(config.get(wire.SERVER_ROUND, 0))
+    seed = message_seed(cfg["seed"], pid, server_round, phase)
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    return ClientEnv(cfg, pid, num_clients, context.state, server_round, config)
 
 
-def _reply(msg: Message, records: dict, metrics: dict) -> Message:
+def _reply(msg: Message, env: ClientEnv, records: dict, metrics: dict) -> Message:
+    clash = set(records) & set(wire.RESERVED_RECORDS)
+    if clash:
+        raise ValueError(f"reply record name(s) {sorted(clash)} are reserved")
+    metrics = {**metrics, wire.PARTITION_ID: env.pid, wire.STATE_ROUND: env.state_round,
+               wire.STATE_SAVED: int(env.state_saved)}
     return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+def _client(env: ClientEnv):
+    return get_method(env.cfg.method).client(env)
 
 
 @app.query("handshake")
 def handshake(msg: Message, context: Context) -> Message:
     """Tell the server who we are and what data we hold (sizes, label counts, input shape)."""
-    env = _env(msg, context)
+    env = _env(msg, context, "handshake")
     data = env.data
-    return _reply(msg, {}, {
-        wire.PARTITION_ID: env.pid,
+    return _reply(msg, env, {}, {
         wire.NUM_PARTITIONS: env.num_clients,
         wire.NUM_EXAMPLES: data.num_train,
         wire.NUM_TRAIN: data.num_train,
@@ -65,21 +83,28 @@ def handshake(msg: Message, context: Context) -> Message:
     })
 
 
+@app.query("prepare")
+def prepare(msg: Message, context: Context) -> Message:
+    """Round 0: what the method's strategy asks of every client before training starts."""
+    env = _env(msg, context, "prepare")
+    records, metrics = _client(env).prepare(msg.content)
+    return _reply(msg, env, records, {**metrics, wire.NUM_EXAMPLES: env.data.num_train})
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    env = _env(msg, context)
-    client = get_method(env.cfg.method).client(env)
-    records, metrics = client.fit(msg.content)
-    metrics.update({wire.PARTITION_ID: env.pid, wire.NUM_EXAMPLES: env.data.num_train})
-    return _reply(msg, records, metrics)
+    env = _env(msg, context, "train")
+    records, metrics = _client(env).fit(msg.content)
+    return _reply(msg, env, records, {**metrics, wire.NUM_EXAMPLES: env.data.num_train})
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    env = _env(msg, context)
-    result = get_method(env.cfg.method).client(env).evaluate(msg.content)
-    return _reply(msg, {}, {
-        wire.PARTITION_ID: env.pid,
+    env = _env(msg, context, "evaluate")
+    result = _client(env).evaluate(msg.content)
+    extra = {wire.METHOD_METRIC_PREFIX + k: float(v) for k, v in result.metrics.items()}
+    return _reply(msg, env, {}, {
+        **extra,
         wire.NUM_EXAMPLES: result.num_examples,
         wire.CORRECT: result.correct,
         wire.EVAL_LOSS: result.loss,

@@ -1,25 +1,31 @@
 """Client side base: a client's data as tensors, its persistent state, and the method interface.
 
 A method's client subclasses ``ClientMethod`` and implements ``fit`` (one round of local training,
-returning the records to upload) and ``evaluate`` (its personalised model on its own test split).
-State that must survive between rounds (personal heads, local models) goes through
-``ClientEnv.save_model`` / ``load_model``, which store ArrayRecords in Flower's ``context.state``.
+returning the records to upload) and ``evaluate`` (its personalised model on its own test split);
+``prepare`` answers the preparation phase (round 0) of methods that have one, and ``build_model``
+picks the client's architecture. State that must survive between rounds (personal heads, local
+models, relation modules, activation maps, counters) goes through the ``ClientEnv.save_*`` /
+``load_*`` helpers, which store records in Flower's ``context.state``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from clients.models import SplitModel, build_model, default_model, pick_device
-from clients.training import LossFn, cross_entropy, train_epochs
+from clients.training import LossFn, StepCallback, cross_entropy, train_loop
+from fedcore import wire
 from fedcore.config import Config
+from fedcore.models import SplitModel, pick_device, seeded_model
 from partitions import build_splits, load_dataset
+
+META = "meta"  # context.state ConfigRecord: {"state-round": round in which the state was last written}
 
 
 @dataclass(frozen=True)
@@ -89,17 +95,6 @@ def load_client_data(cfg: Config, pid: int, num_clients: int, device: torch.devi
     return _client_data(key, pid, str(device))
 
 
-def model_name(cfg: Config, input_shape: tuple[int, ...]) -> str:
-    return default_model(input_shape) if cfg["model"] == "auto" else cfg["model"]
-
-
-def make_model(cfg: Config, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """The seeded initial model: identical on the server and on every client."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg["seed"])
-        return build_model(model_name(cfg, input_shape), tuple(input_shape), num_classes)
-
-
 _threads_set = False
 
 
@@ -118,53 +113,130 @@ def set_client_threads(cfg: Config) -> None:
     _threads_set = True
 
 
-class ClientEnv:
-    """Everything a method's client needs for one message: config, data, device, state, seeds."""
+def message_seed(seed: int, pid: int, server_round: int, phase: str) -> int:
+    """One 63-bit seed per (run seed, client, round, phase): what every message's randomness
+    (dropout, augmentation, sampling inside a method) starts from, under Ray and in deployment alike."""
+    return int(np.random.SeedSequence([seed, pid, server_round, wire.PHASES.index(phase)]).generate_state(
+        2, np.uint64)[0] >> np.uint64(1))
 
-    def __init__(self, cfg: Config, pid: int, num_clients: int, state: RecordDict, server_round: int = 0):
+
+class ClientEnv:
+    """Everything a method's client needs for one message: config, data, device, state, seeds.
+
+    ``config`` is the message's config record as a dict: the base keys (``server-round``,
+    ``phase``) plus whatever the strategy added (``train_config``); methods read their modes and
+    flags from it, never from the presence of a record.
+    """
+
+    def __init__(self, cfg: Config, pid: int, num_clients: int, state: RecordDict, server_round: int = 0,
+                 config: dict | None = None):
         self.cfg = cfg
         self.hp = cfg.hparams()
         self.pid = pid
         self.num_clients = num_clients
         self.state = state
         self.server_round = server_round
+        self.config = dict(config or {wire.SERVER_ROUND: server_round})
         self.device = pick_device(cfg["device"])
         self.data = load_client_data(cfg, pid, num_clients, self.device)
+        meta = state.config_records.get(META)
+        self.state_round = int(meta[wire.STATE_ROUND]) if meta is not None and wire.STATE_ROUND in meta else 0
+        self.state_saved = False
 
-    def new_model(self) -> SplitModel:
-        return make_model(self.cfg, self.data.input_shape, self.data.num_classes).to(self.device)
+    @property
+    def lr(self) -> float:
+        """This message's learning rate: the strategy's ``lr`` config value if it sent one (a decay
+        schedule), else the run config's ``lr``."""
+        return float(self.config.get("lr", self.cfg["lr"]))
 
     def generator(self, tag: int = 0) -> torch.Generator:
         """A CPU generator seeded by (seed, client, round, tag): reproducible shuffles per client and round."""
         seed = int(np.random.SeedSequence([self.cfg["seed"], self.pid, self.server_round, tag]).generate_state(1)[0])
         return torch.Generator().manual_seed(seed)
 
-    def optimizer(self, params, lr: float | None = None) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=self.cfg["lr"] if lr is None else lr,
-                               momentum=self.cfg["momentum"], weight_decay=self.cfg["weight-decay"])
+    def optimizer(self, params, lr: float | None = None, momentum: float | None = None,
+                  weight_decay: float | None = None) -> torch.optim.Optimizer:
+        """Plain SGD with the run config's momentum and weight decay unless told otherwise."""
+        return torch.optim.SGD(params, lr=self.lr if lr is None else lr,
+                               momentum=self.cfg["momentum"] if momentum is None else momentum,
+                               weight_decay=self.cfg["weight-decay"] if weight_decay is None else weight_decay)
 
-    # --- persistent state (Flower context.state)
-    def load_model(self, name: str = "model") -> SplitModel:
-        """The model saved under ``name`` in an earlier round; the seeded initial one in the first round."""
-        model = self.new_model()
+    # --- persistent state (Flower context.state); every save marks the state as written this round
+    def _mark_saved(self) -> None:
+        self.state_saved = True
+        self.state[META] = ConfigRecord({wire.STATE_ROUND: self.server_round})
+
+    def save_module(self, name: str, module: torch.nn.Module) -> None:
+        """Keep a module's parameters and buffers until the next message."""
+        self.state[name] = ArrayRecord(module.state_dict())
+        self._mark_saved()
+
+    def load_module(self, name: str, module: torch.nn.Module) -> bool:
+        """Load what ``save_module`` kept into ``module``; False (module untouched) if nothing was kept."""
         record = self.state.array_records.get(name)
-        if record is not None:
-            model.load_state_dict(record.to_torch_state_dict())
-        return model
+        if record is None:
+            return False
+        module.load_state_dict(record.to_torch_state_dict())
+        return True
 
-    def save_model(self, model: torch.nn.Module, name: str = "model") -> None:
-        self.state[name] = ArrayRecord(model.state_dict())
+    def save_arrays(self, name: str, arrays: dict) -> None:
+        """Keep named numpy arrays or tensors (maps, previous features, ...)."""
+        self.state[name] = wire.pack_arrays(arrays)
+        self._mark_saved()
+
+    def load_arrays(self, name: str) -> dict[str, np.ndarray] | None:
+        """Writable copies of what ``save_arrays`` kept, or None."""
+        record = self.state.array_records.get(name)
+        return None if record is None else {k: np.array(v) for k, v in wire.unpack_arrays(record).items()}
+
+    def save_scalars(self, name: str, values: dict) -> None:
+        """Keep numbers, strings or bools (counters, the previous batch loss, ...)."""
+        self.state[name] = ConfigRecord(dict(values))
+        self._mark_saved()
+
+    def load_scalars(self, name: str) -> dict | None:
+        record = self.state.config_records.get(name)
+        return None if record is None else dict(record)
+
+    def save_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Keep an optimiser's per-parameter state (momentum buffers, Adam moments, step counts);
+        its hyperparameters come from the code that builds it again."""
+        arrays = {f"{idx}/{key}": torch.as_tensor(value)
+                  for idx, slots in optimizer.state_dict()["state"].items() for key, value in slots.items()}
+        self.state[name] = wire.pack_arrays(arrays)
+        self._mark_saved()
+
+    def load_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> bool:
+        arrays = self.load_arrays(name)
+        if arrays is None:
+            return False
+        state: dict[int, dict] = {}
+        for key, value in arrays.items():
+            idx, slot = key.split("/", 1)
+            state.setdefault(int(idx), {})[slot] = torch.as_tensor(value, device=self.device)
+        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+        return True
 
 
 @dataclass
 class EvalResult:
+    """A client's evaluation; ``metrics`` are method-specific numbers averaged over clients by the
+    server (e.g. ``{"relation-acc": 0.97}``), each appearing in rounds.csv as ``eval_<name>``."""
+
     loss: float
     correct: int
     num_examples: int
+    metrics: dict = field(default_factory=dict)
 
 
 class ClientMethod:
-    """One method's client: ``fit`` returns (records to upload, metrics); ``evaluate`` scores its model."""
+    """One method's client.
+
+    Parameters
+    ----------
+    env : ClientEnv
+        Config, data, device, this message's config record and the client's persistent state.
+    """
 
     def __init__(self, env: ClientEnv):
         self.env = env
@@ -172,27 +244,80 @@ class ClientMethod:
         self.hp = env.hp
         self.data = env.data
 
+    # --- the interface
     def fit(self, content: RecordDict) -> tuple[dict[str, ArrayRecord], dict]:
+        """One round of local training.
+
+        Parameters
+        ----------
+        content : RecordDict
+            The train message: the strategy's ``train_payload`` records (its ``config`` record is
+            already in ``self.env.config``).
+
+        Returns
+        -------
+        tuple[dict[str, ArrayRecord], dict]
+            Records to upload (matching the strategy's ``reply_schema``) and metrics
+            (``train-loss`` and any ``m.<name>`` method metrics; the base adds identity and size).
+        """
         raise NotImplementedError
 
     def evaluate(self, content: RecordDict) -> EvalResult:
+        """Score the client's personalised model on its own test split (every client, every
+        evaluation round, sampled or not)."""
         raise NotImplementedError
 
-    def train(self, model: torch.nn.Module, *, epochs: int | None = None, params=None, tag: int = 0,
-              loss_fn: LossFn = cross_entropy, x: torch.Tensor | None = None) -> float:
-        """SGD on this client's training set: ``local-epochs`` epochs of all ``model`` parameters unless
-        told otherwise; ``x`` replaces the inputs (e.g. features cached from a fixed body); ``tag``
-        picks a shuffle stream of its own."""
-        return train_epochs(model, self.data.x_train if x is None else x, self.data.y_train,
-                            epochs=self.cfg["local-epochs"] if epochs is None else epochs,
-                            batch_size=self.cfg["batch-size"],
-                            optimizer=self.env.optimizer(model.parameters() if params is None else params),
-                            generator=self.env.generator(tag), loss_fn=loss_fn)
+    def prepare(self, content: RecordDict) -> tuple[dict[str, ArrayRecord], dict]:
+        """Answer the preparation phase (round 0) of a method whose strategy has one (same return
+        as ``fit``). Methods without one never get this call."""
+        raise NotImplementedError(f"{type(self).__name__} has no preparation phase")
+
+    def build_model(self) -> SplitModel:
+        """This client's architecture, seeded: the run's model by default, identical on every client
+        and on the server. Override for per-client architectures (pFedPM-mh's widths by partition id)."""
+        return seeded_model(self.cfg["model"], self.data.input_shape, self.data.num_classes, self.cfg["seed"])
+
+    # --- models in state
+    def new_model(self) -> SplitModel:
+        return self.build_model().to(self.env.device)
+
+    def load_model(self, name: str = "model") -> SplitModel:
+        """The model saved under ``name`` in an earlier round; the seeded initial one in the first round."""
+        model = self.new_model()
+        self.env.load_module(name, model)
+        return model
+
+    def save_model(self, model: torch.nn.Module, name: str = "model") -> None:
+        self.env.save_module(name, model)
+
+    # --- training
+    def train(self, model: torch.nn.Module, *, epochs: int | None = None, steps: int | None = None, params=None,
+              optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+              lr: float | None = None, tag: int = 0, loss_fn: LossFn = cross_entropy, x: torch.Tensor | None = None,
+              y: torch.Tensor | None = None, batch_size: int | None = None,
+              after_step: StepCallback | None = None) -> float:
+        """Mini-batch training on this client's training set; returns the mean batch loss.
+
+        Defaults: ``local-epochs`` epochs, ``batch-size``, SGD over all of ``model``'s parameters at
+        the message's learning rate. ``steps`` replaces epochs with a step budget (reshuffled
+        across epochs); ``params``/``lr`` narrow the default optimiser and ``optimizer`` replaces it
+        (one or several, all stepped on the same loss); ``x``/``y`` replace the data (features cached
+        from a fixed body); ``tag`` picks a shuffle stream of its own; ``after_step`` runs after
+        every step.
+        """
+        if epochs is None and steps is None:
+            epochs = self.cfg["local-epochs"]
+        if optimizer is None:
+            optimizer = self.env.optimizer(model.parameters() if params is None else params, lr=lr)
+        return train_loop(model, self.data.x_train if x is None else x, self.data.y_train if y is None else y,
+                          epochs=epochs, steps=steps, batch_size=batch_size or self.cfg["batch-size"],
+                          optimizer=optimizer, generator=self.env.generator(tag), loss_fn=loss_fn,
+                          after_step=after_step)
 
     # --- helpers shared by the weight-exchanging methods
     def model_from(self, content: RecordDict, record: str) -> SplitModel:
         """A fresh model with the received tensors loaded (all or a subset, e.g. only the body)."""
-        model = self.env.new_model()
+        model = self.new_model()
         self.load_weights(model, content, record)
         return model
 
@@ -203,3 +328,22 @@ class ClientMethod:
         if missing:
             raise ValueError(f"received tensors the model does not have: {sorted(missing)[:5]}")
         model.load_state_dict(state, strict=False)
+
+    @staticmethod
+    def frozen(modules: Iterable[torch.nn.Module]):
+        """Context manager: ``requires_grad=False`` on these modules inside, restored after."""
+        return _Frozen(list(modules))
+
+
+class _Frozen:
+    def __init__(self, modules: list[torch.nn.Module]):
+        self.params = [p for m in modules for p in m.parameters()]
+
+    def __enter__(self):
+        self.flags = [p.requires_grad for p in self.params]
+        for p in self.params:
+            p.requires_grad_(False)
+
+    def __exit__(self, *exc):
+        for p, flag in zip(self.params, self.flags):
+            p.requires_grad_(flag)

@@ -14,7 +14,7 @@ PERSONAL_TAG = 1
 class DittoClient(FedAvgClient):
     def local_train(self, model, content) -> float:
         """``model`` is the received global model: first the personal step towards it, then FedAvg's."""
-        personal = self.env.load_model(PERSONAL)
+        personal = self.load_model(PERSONAL)
         anchor = [p.detach().clone() for p in model.parameters()]
         lam = self.hp["lambda"]
 
@@ -22,8 +22,8 @@ class DittoClient(FedAvgClient):
             return F.cross_entropy(m(xb), yb) + 0.5 * lam * proximal_term(m, anchor)
 
         self.train(personal, epochs=self.hp["personal-epochs"], tag=PERSONAL_TAG, loss_fn=loss_fn)
-        self.env.save_model(personal, PERSONAL)
+        self.save_model(personal, PERSONAL)
         return super().local_train(model, content)
 
     def evaluate(self, content):
-        return EvalResult(*evaluate_model(self.env.load_model(PERSONAL), self.data.x_test, self.data.y_test))
+        return EvalResult(*evaluate_model(self.load_model(PERSONAL), self.data.x_test, self.data.y_test))

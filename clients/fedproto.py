@@ -9,21 +9,23 @@ import torch.nn.functional as F
 from clients.base import ClientMethod, EvalResult
 from clients.training import class_means, cross_entropy, evaluate_model, extract_features
 from fedcore import wire
+from fedstrategies.fedproto import HAS_PROTOTYPES
 
 
 class FedProtoClient(ClientMethod):
     def _global_protos(self, content) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Global prototypes as (class ids, (K, d) features), or None before the first aggregation."""
-        if wire.CLASS_FEATURES not in content.array_records:
+        """Global prototypes as (class ids, (K, d) features), or None before the first aggregation
+        (the server's ``has-global-prototypes`` flag says which)."""
+        if not self.env.config[HAS_PROTOTYPES]:
             return None
         ids, feats, _ = wire.unpack_class_features(content.array_records[wire.CLASS_FEATURES])
         if len(ids) == 0:
             return None
         dev = self.env.device
-        return torch.as_tensor(ids, device=dev), torch.as_tensor(feats, device=dev)
+        return torch.tensor(ids, device=dev), torch.tensor(feats, device=dev)  # copies of read-only views
 
     def fit(self, content):
-        model = self.env.load_model()
+        model = self.load_model()
         protos = self._global_protos(content)
         lam = self.hp["lambda"]
         loss_fn = cross_entropy
@@ -43,14 +45,14 @@ class FedProtoClient(ClientMethod):
                 return loss
 
         loss = self.train(model, loss_fn=loss_fn)
-        self.env.save_model(model)
+        self.save_model(model)
         ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
                                          self.data.num_classes)
         return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
                                                              counts.cpu().numpy())}, {"train-loss": loss}
 
     def evaluate(self, content):
-        model = self.env.load_model()
+        model = self.load_model()
         protos = self._global_protos(content)
         loss, correct, n = evaluate_model(model, self.data.x_test, self.data.y_test)
         if protos is not None:  # FedProto's inference: the class of the nearest global prototype

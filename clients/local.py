@@ -6,10 +6,10 @@ from clients.training import evaluate_model
 
 class LocalClient(ClientMethod):
     def fit(self, content):
-        model = self.env.load_model()
+        model = self.load_model()
         loss = self.train(model)
-        self.env.save_model(model)
+        self.save_model(model)
         return {}, {"train-loss": loss}
 
     def evaluate(self, content):
-        return EvalResult(*evaluate_model(self.env.load_model(), self.data.x_test, self.data.y_test))
+        return EvalResult(*evaluate_model(self.load_model(), self.data.x_test, self.data.y_test))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+# after_step(step, loss, batch_indices): called after every optimiser step (step counts from 0)
+StepCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
 def cross_entropy(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
@@ -21,38 +24,75 @@ def minibatches(n: int, batch_size: int, generator: torch.Generator, device: tor
     yield from torch.split(order, batch_size)
 
 
-def train_epochs(
+def batch_stream(n: int, batch_size: int, generator: torch.Generator, device: torch.device) -> Iterator[torch.Tensor]:
+    """Endless mini-batch indices: epoch after epoch, reshuffled each time (step budgets run across
+    epoch boundaries, as FedMCSA's R steps and FedSaC's iterations do)."""
+    while True:
+        yield from minibatches(n, batch_size, generator, device)
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return math.ceil(n / batch_size)
+
+
+def train_loop(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    epochs: int,
     batch_size: int,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
     generator: torch.Generator,
+    epochs: int | None = None,
+    steps: int | None = None,
     loss_fn: LossFn = cross_entropy,
+    after_step: StepCallback | None = None,
 ) -> float:
-    """Plain mini-batch SGD for ``epochs`` epochs; returns the mean training loss over all steps."""
+    """Mini-batch SGD for ``epochs`` epochs or for exactly ``steps`` steps; returns the mean loss.
+
+    Exactly one budget is given. ``epochs`` runs ``epochs * ceil(n / batch_size)`` steps, one
+    shuffled pass per epoch; ``steps`` takes that many batches from the same reshuffled stream.
+    Several optimisers (disjoint parameter groups) all step on the same loss. ``after_step`` runs
+    after each step with the step index, the batch loss and the batch indices (pFedPM's relation
+    step, MuPFL's activation-map update).
+    """
+    if (epochs is None) == (steps is None):
+        raise ValueError("give exactly one of epochs= and steps=")
+    n = len(y)
+    if n == 0:
+        return 0.0
+    total_steps = steps if steps is not None else epochs * steps_per_epoch(n, batch_size)
+    optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
     model.train()
-    total, steps = torch.zeros((), device=x.device), 0
-    for _ in range(epochs):
-        for idx in minibatches(len(y), batch_size, generator, x.device):
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model, x[idx], y[idx])
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-            steps += 1
-    return float(total) / max(steps, 1)
+    total = torch.zeros((), device=x.device)
+    batches = batch_stream(n, batch_size, generator, x.device)
+    for step in range(total_steps):
+        idx = next(batches)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model, x[idx], y[idx])
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        total += loss.detach()
+        if after_step is not None:
+            after_step(step, loss.detach(), idx)
+    return float(total) / max(total_steps, 1)
 
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048) -> tuple[float, int, int]:
     """(mean cross-entropy, correct predictions, samples) of a classifier on (x, y)."""
-    model.eval()
+    return evaluate_logits(model.eval(), x, y, batch_size)
+
+
+@torch.no_grad()
+def evaluate_logits(logits_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                    batch_size: int = 2048) -> tuple[float, int, int]:
+    """(mean cross-entropy, correct, samples) of any function from inputs to logits (a fused head)."""
     loss, correct = 0.0, 0
     for start in range(0, len(y), batch_size):
-        logits = model(x[start:start + batch_size])
+        logits = logits_fn(x[start:start + batch_size])
         yb = y[start:start + batch_size]
         loss += float(F.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(1) == yb).sum())

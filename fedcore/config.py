@@ -63,7 +63,7 @@ class Key:
 
 def _common_keys() -> dict[str, Key]:
     # Imported here so that fedcore.config stays importable without torch for tooling.
-    from clients.models import MODELS
+    from fedcore.models import MODELS
     from partitions import DATASETS, PARTITIONS
 
     return {
@@ -137,6 +137,23 @@ def schema() -> dict[str, Key]:
     return keys
 
 
+def _refuse_unused_options(values: dict[str, Any], keys: dict[str, Key]) -> None:
+    """A changed ``<section>.<option>`` of a method, partition or dataset that is not the selected
+    one would be silently ignored: refuse it, naming the key and what is selected."""
+    from fedcore.registry import REGISTRY
+    from partitions import DATASETS, PARTITIONS
+
+    selected = {"method": values["method"], "partition": values["partition"], "dataset": values["dataset"]}
+    sections = {**{m: "method" for m in REGISTRY}, **{p: "partition" for p in PARTITIONS},
+                **{d: "dataset" for d in DATASETS}}
+    for name, value in values.items():
+        section, dot, _ = name.partition(".")
+        kind = sections.get(section)
+        if dot and kind and selected[kind] != section and value != keys[name].default:
+            raise ConfigError(f"'{name}' = {value!r} is set, but {kind} is {selected[kind]!r}, so it would be "
+                              f"ignored; remove it or set {kind}='{section}'")
+
+
 class Config(Mapping):
     """A validated run config: every key present, typed and in range."""
 
@@ -153,6 +170,7 @@ class Config(Mapping):
                 f"unknown run-config key(s): {', '.join(unknown)}. Valid keys: {', '.join(sorted(keys))}"
             )
         values = {name: key.check(name, run_config.get(name, key.default)) for name, key in keys.items()}
+        _refuse_unused_options(values, keys)
         return cls(values)
 
     def __getitem__(self, key: str) -> Any:

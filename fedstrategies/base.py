@@ -1,23 +1,35 @@
 """Base of every personalised strategy: per-client messages, per-client state, validated replies.
 
-A method subclasses ``PersonalizedStrategy`` and fills four hooks:
+A method subclasses ``PersonalizedStrategy`` and overrides the hooks it needs (each documents when
+it is called, with what, and what it returns):
 
-- ``train_payload(pid, round)``: the records sent to one client (its personalised content),
-- ``reply_schema(pid)``: which records/arrays/shapes a train reply must carry,
-- ``aggregate(round, replies)``: the method's server rule on validated replies (pure math lives in
-  plain functions beside it),
-- ``evaluate_payload(pid)``: what a client needs to evaluate its personalised model.
+=====================  ==========================================================================
+``prepare_targets``    round 0: which clients to ask before training (default: none, no round 0)
+``prepare_payload``    round 0: records for one client; ``prepare_config``: its config values
+``prepare_schema``     round 0: arrays a reply must carry; ``aggregate_prepare``: the server rule
+``sample_train``       which partition ids train this round (seeded, ``ceil(fraction * N)``)
+``begin_round``        the sampled set, before any payload of the round is built
+``train_payload``      records for one client; ``train_config``: its config values
+``reply_schema``       arrays a train reply must carry, with their shapes
+``check_reply``        method-specific checks of one reply (return a reason to drop it)
+``aggregate``          the server rule on the round's valid replies, in partition-id order
+``evaluate_payload``   records one client needs to evaluate; ``evaluate_config``: config values
+=====================  ==========================================================================
 
 All per-client state is keyed by partition id (node ids are random per run). Replies that are
 errors, miss records, carry NaN/Inf or wrong shapes are dropped with a logged reason and counted;
-a round with fewer valid replies than ``min-replies`` leaves the server state unchanged.
+a round with fewer valid replies than ``min-replies`` leaves the server state unchanged. Valid
+replies reach every rule in partition-id order, whatever order they arrived in, so that floating
+point sums (and so whole runs) repeat exactly.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from logging import INFO, WARNING
 
 import numpy as np
@@ -28,9 +40,11 @@ from flwr.serverapp.strategy import Strategy
 
 from fedcore import wire
 from fedcore.config import Config
+from fedcore.models import ModelFacts
 
 # A reply schema: record name -> {array key: expected shape, or None for "any shape"}.
 Schema = dict[str, dict[str, tuple[int, ...] | None]]
+Payload = dict[str, ArrayRecord | ConfigRecord | MetricRecord]
 
 
 @dataclass(frozen=True)
@@ -47,125 +61,339 @@ class ClientInfo:
 
 @dataclass
 class ClientReply:
-    """A validated reply: who sent it, its weight and its arrays as numpy."""
+    """A validated reply: who sent it, in which phase, its weight, metrics and arrays.
+
+    ``arrays[record][key]`` are read-only numpy views into the message's bytes (no copies); a rule
+    that keeps one beyond the round must copy it (``np.array(view)``).
+    """
 
     pid: int
     node_id: int
     num_examples: int
     metrics: dict
     arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    phase: str = "train"
+
+    def method_metrics(self) -> dict[str, float]:
+        """The client's method-specific scalars (``m.*`` keys, prefix stripped)."""
+        n = len(wire.METHOD_METRIC_PREFIX)
+        return {k[n:]: v for k, v in self.metrics.items()
+                if k.startswith(wire.METHOD_METRIC_PREFIX) and isinstance(v, (int, float))}
+
+
+def ceil_fraction(fraction: float, n: int) -> int:
+    """``ceil(fraction * n)`` clamped to 1..n, robust to float noise (0.1 * 30 is 3, not 4)."""
+    return min(n, max(1, math.ceil(fraction * n - 1e-9)))
 
 
 class PersonalizedStrategy(Strategy):
-    """Sends one message per client and keeps per-client server state keyed by partition id."""
+    """Sends one message per client and keeps per-client server state keyed by partition id.
 
-    def __init__(self, cfg: Config, clients: dict[int, ClientInfo], initial_weights: dict[str, np.ndarray]):
+    Parameters
+    ----------
+    cfg : Config
+        The validated run config; ``self.hp`` holds the selected method's hyperparameters.
+    clients : dict[int, ClientInfo]
+        Every connected client by partition id (sizes and label counts from the handshake).
+    model : ModelFacts
+        Input shape, number of classes, feature dimension and the seeded initial weights.
+    """
+
+    #: Attributes that make up the strategy's state between rounds; ``state_dict`` saves them
+    #: (checkpoints) and ``load_state_dict`` restores them. Every method lists its own.
+    checkpoint_attrs: tuple[str, ...] = ()
+
+    def __init__(self, cfg: Config, clients: dict[int, ClientInfo], model: ModelFacts):
         self.cfg = cfg
         self.hp = cfg.hparams()
         self.clients = dict(sorted(clients.items()))
         self.node_of = {pid: info.node_id for pid, info in self.clients.items()}
         self.pid_of = {info.node_id: pid for pid, info in self.clients.items()}
-        self.initial_weights = initial_weights
-        self.rng = np.random.default_rng([cfg["seed"], 2024])
-        self.dropped: list[dict] = []  # every dropped reply: round, phase, pid, reason
+        self.model = model
+        self.initial_weights = model.initial_weights
+        self.num_classes = model.num_classes
+        self.dropped: list[dict] = []  # every dropped reply: round, phase, client, reason
+        self.state_lost: list[dict] = []  # every client that came back without the state it had
+        self.round_matrices: dict[str, np.ndarray] = {}  # filled by record_matrix, taken by the loop
         self._pending: dict[str, set[int]] = {}
+        self._state_round: dict[int, int] = {}  # pid -> last round in which it saved client state
 
-    # ----------------------------------------------------------------- hooks for methods
-    def train_payload(self, pid: int, server_round: int) -> dict[str, ArrayRecord]:
+    # ================================================================= hooks for methods
+    def prepare_targets(self) -> list[int]:
+        """Clients asked in the preparation phase (round 0), before any training.
+
+        Returns
+        -------
+        list[int]
+            Partition ids; empty (the default) means the method has no preparation phase.
+        """
+        return []
+
+    def prepare_payload(self, pid: int) -> Payload:
+        """Records sent to client ``pid`` in round 0 (see ``train_payload``)."""
+        return {}
+
+    def prepare_config(self, pid: int) -> dict:
+        """Config values of client ``pid``'s round-0 message (see ``train_config``)."""
+        return {}
+
+    def prepare_schema(self, pid: int) -> Schema:
+        """What a round-0 reply must carry (see ``reply_schema``)."""
+        return {}
+
+    def aggregate_prepare(self, replies: list[ClientReply]) -> dict | None:
+        """Server rule on the valid round-0 replies (partition-id order).
+
+        Returns
+        -------
+        dict or None
+            Method metrics (name -> number) for round 0's row in rounds.csv.
+        """
+        return None
+
+    def sample_train(self, server_round: int) -> list[int]:
+        """Partition ids that get a train message this round.
+
+        Called first in every round. The default samples ``ceil(fraction-train * N)`` clients
+        uniformly without replacement, seeded by (seed, round), and returns them sorted.
+        """
+        return self.sample_clients(self.cfg["fraction-train"], server_round)
+
+    def begin_round(self, server_round: int, pids: list[int]) -> None:
+        """Called once per round with the ``sample_train`` result, before any payload is built
+        (FedMCSA's attention runs over exactly these clients here)."""
+
+    def train_payload(self, pid: int, server_round: int) -> Payload:
+        """Records sent to client ``pid`` with its train message.
+
+        Returns
+        -------
+        dict[str, ArrayRecord | ConfigRecord | MetricRecord]
+            Record name -> record. ``config`` and ``metrics`` are reserved (use ``train_config``).
+            Return the *same* record object for clients that get the same content (a global
+            model): it is then packed and measured once.
+        """
+        return {}
+
+    def train_config(self, pid: int, server_round: int) -> dict:
+        """Method values merged into the train message's ``config`` record (modes, flags, a
+        round-dependent learning rate). A key of the base record (``server-round``, ``phase``)
+        is an error. Clients read them from ``ClientEnv.config``."""
         return {}
 
     def reply_schema(self, pid: int) -> Schema:
-        return {}
+        """What a train reply of client ``pid`` must carry.
 
-    def aggregate(self, server_round: int, replies: list[ClientReply]) -> None:
-        """Update the server state from this round's valid replies."""
-
-    def evaluate_payload(self, pid: int) -> dict[str, ArrayRecord]:
+        Returns
+        -------
+        dict[str, dict[str, tuple[int, ...] | None]]
+            Record name -> {array key: exact shape, or None for any shape}. Missing records or
+            arrays, other shapes and NaN/Inf values drop the reply before ``aggregate`` sees it.
+        """
         return {}
 
     def check_reply(self, reply: ClientReply) -> str | None:
-        """Extra method-specific checks; return a reason to drop the reply, or None."""
+        """Method-specific checks of one schema-valid reply (``reply.phase`` says which phase).
+
+        Returns
+        -------
+        str or None
+            A reason to drop the reply, or None to keep it.
+        """
         return None
 
-    # ----------------------------------------------------------------- sampling
-    def sample_train(self, server_round: int) -> list[int]:
-        """Partition ids that train this round (seeded; all of them when fraction-train = 1)."""
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> dict | None:
+        """The method's server rule: update the server state from this round's valid replies.
+
+        Called only when at least ``min-replies`` replies are valid; replies come in partition-id
+        order. Pure math belongs in plain functions beside the strategy.
+
+        Returns
+        -------
+        dict or None
+            Method metrics (name -> number, e.g. the chosen cluster count) for rounds.csv, where
+            they appear as ``m_<name>``. Matrices go through ``record_matrix``.
+        """
+        return None
+
+    def evaluate_payload(self, pid: int, server_round: int) -> Payload:
+        """Records client ``pid`` needs to evaluate its personalised model (all clients evaluate)."""
+        return {}
+
+    def evaluate_config(self, pid: int, server_round: int) -> dict:
+        """Config values of client ``pid``'s evaluate message (see ``train_config``)."""
+        return {}
+
+    # ================================================================= helpers for methods
+    def sample_clients(self, fraction: float, server_round: int, stream: int = 11) -> list[int]:
+        """``ceil(fraction * N)`` partition ids, uniformly without replacement, seeded by (seed, round,
+        stream); all of them, in order, when the fraction covers everyone."""
         pids = list(self.clients)
-        k = max(1, int(round(self.cfg["fraction-train"] * len(pids))))
+        k = ceil_fraction(fraction, len(pids))
         if k >= len(pids):
             return pids
-        rng = np.random.default_rng([self.cfg["seed"], server_round, 11])
+        rng = np.random.default_rng([self.cfg["seed"], server_round, stream])
         return sorted(rng.choice(pids, size=k, replace=False).tolist())
 
-    # ----------------------------------------------------------------- Flower Strategy API
-    def _messages(self, phase: str, message_type: str, server_round: int, pids: list[int], payload) -> list[Message]:
-        self._pending[phase] = set(pids)
-        messages = []
-        for pid in pids:
-            content = RecordDict({wire.CONFIG: ConfigRecord({wire.SERVER_ROUND: server_round}), **payload(pid)})
-            messages.append(
-                Message(content=content, dst_node_id=self.node_of[pid], message_type=message_type,
-                        group_id=str(server_round))
-            )
-        return messages
+    @cached_property
+    def torch_generator(self):
+        """A torch generator seeded by the run seed, for the server's own training (FedFCD's head,
+        MuPFL's synthetic features); it is part of the checkpoint."""
+        import torch
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return torch.Generator().manual_seed(int(np.random.SeedSequence([self.cfg["seed"], 7]).generate_state(1)[0]))
+
+    def record_matrix(self, name: str, matrix) -> None:
+        """Save a matrix of this round (a collaboration graph, attention weights) with the results:
+        ``round_matrices/<round>.json``."""
+        self.round_matrices[name] = np.asarray(matrix)
+
+    def state_dict(self) -> dict:
+        """The strategy's state between rounds: ``checkpoint_attrs`` plus what the base tracks."""
+        state = {name: copy.deepcopy(getattr(self, name)) for name in self.checkpoint_attrs}
+        base = {"dropped": list(self.dropped), "state_lost": list(self.state_lost),
+                "state_round": dict(self._state_round)}
+        if "torch_generator" in self.__dict__:
+            base["torch_generator"] = self.torch_generator.get_state()
+        return {"method": state, "base": base}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in state["method"].items():
+            setattr(self, name, copy.deepcopy(value))
+        base = state["base"]
+        self.dropped, self.state_lost = list(base["dropped"]), list(base["state_lost"])
+        self._state_round = dict(base["state_round"])
+        if "torch_generator" in base:
+            self.torch_generator.set_state(base["torch_generator"])
+
+    def summary(self) -> None:
+        log(INFO, "%s: %s clients, hyperparameters %s", type(self).__name__, len(self.clients), self.hp)
+
+    # ================================================================= Flower Strategy API
+    def configure_prepare(self, grid: Grid) -> list[Message]:
+        """Round 0's messages (empty when the method has no preparation phase)."""
+        pids = sorted(self.prepare_targets())
+        return self._messages("prepare", wire.PREPARE, 0, pids,
+                              lambda pid: (self.prepare_payload(pid), self.prepare_config(pid)))
+
+    def aggregate_prepare_replies(self, replies: Iterable[Message]) -> MetricRecord:
+        valid = self.validate(0, "prepare", replies, self.prepare_schema)
+        metrics = {"replies": len(valid), "dropped": len(self._pending["prepare"]) - len(valid)}
+        extra = self.aggregate_prepare(valid) if valid else None
+        metrics.update(self._method_metrics(extra, valid))
+        return MetricRecord(metrics)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
         pids = self.sample_train(server_round)
+        self.begin_round(server_round, pids)
         return self._messages("train", MessageType.TRAIN, server_round, pids,
-                              lambda pid: self.train_payload(pid, server_round))
+                              lambda pid: (self.train_payload(pid, server_round),
+                                           self.train_config(pid, server_round)))
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         valid = self.validate(server_round, "train", replies, self.reply_schema)
         metrics = {"replies": len(valid), "dropped": len(self._pending["train"]) - len(valid)}
+        if valid:
+            metrics["state-round-min"] = min(int(r.metrics.get(wire.STATE_ROUND, 0)) for r in valid)
         if len(valid) < self.cfg["min-replies"]:
             log(WARNING, "round %s: only %s valid train replies (min-replies=%s); server state unchanged",
                 server_round, len(valid), self.cfg["min-replies"])
             return None, MetricRecord(metrics)
-        self.aggregate(server_round, valid)
+        extra = self.aggregate(server_round, valid)
         n = sum(r.num_examples for r in valid)
         losses = [(r.metrics.get(wire.TRAIN_LOSS), r.num_examples) for r in valid]
         if n > 0 and all(loss is not None for loss, _ in losses):
             metrics[wire.TRAIN_LOSS] = float(sum(loss * w for loss, w in losses) / n)
+        metrics.update(self._method_metrics(extra, valid))
         return None, MetricRecord(metrics)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
         return self._messages("evaluate", MessageType.EVALUATE, server_round, list(self.clients),
-                              self.evaluate_payload)
+                              lambda pid: (self.evaluate_payload(pid, server_round),
+                                           self.evaluate_config(pid, server_round)))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Personalised accuracy: each client's model on its own test split."""
+        """Personalised accuracy: each client's model on its own test split.
+
+        Weighted accuracy is sum(correct) / sum(test samples); the client mean and std weigh every
+        client equally. Method metrics (``m.*``) are averaged both ways too.
+        """
         valid = self.validate(server_round, "evaluate", replies, lambda pid: {},
                               required_metrics=(wire.CORRECT, wire.EVAL_LOSS))
         if not valid:
             log(WARNING, "round %s: no valid evaluation replies", server_round)
             return None
-        valid.sort(key=lambda r: r.pid)
         n = np.array([r.num_examples for r in valid], dtype=np.float64)
         correct = np.array([r.metrics[wire.CORRECT] for r in valid], dtype=np.float64)
         loss = np.array([r.metrics[wire.EVAL_LOSS] for r in valid], dtype=np.float64)
         acc = np.divide(correct, n, out=np.zeros_like(n), where=n > 0)
-        return MetricRecord({
+        weight = n / max(n.sum(), 1.0)
+        out = {
             "acc-weighted": float(correct.sum() / max(n.sum(), 1.0)),
             "acc-client-mean": float(acc.mean()),
             "acc-client-std": float(acc.std()),
-            "loss": float((loss * n).sum() / max(n.sum(), 1.0)),
+            "loss": float((loss * weight).sum()),
+            "eval-clients": len(valid),
             "client-pids": [r.pid for r in valid],
             "client-acc": acc.tolist(),
             "client-n": [int(x) for x in n],
-        })
+        }
+        per_client = [r.method_metrics() for r in valid]
+        for name in sorted(set().union(*per_client)):
+            values = [(m[name], w) for m, w in zip(per_client, weight) if name in m]
+            total = sum(w for _, w in values)
+            out[wire.METHOD_METRIC_PREFIX + name] = float(sum(v * w for v, w in values) / total) if total > 0 else 0.0
+            out[wire.METHOD_METRIC_PREFIX + name + "@client-mean"] = float(np.mean([v for v, _ in values]))
+        return MetricRecord(out)
 
-    def summary(self) -> None:
-        log(INFO, "%s: %s clients, hyperparameters %s", type(self).__name__, len(self.clients), self.hp)
+    # ================================================================= internals
+    def _method_metrics(self, extra: dict | None, valid: list[ClientReply]) -> dict:
+        """Strategy metrics plus the sample-weighted mean of the clients' own ``m.*`` metrics."""
+        out: dict = {}
+        per_client = [r.method_metrics() for r in valid]
+        for name in sorted(set().union(*per_client)) if per_client else ():
+            values = [(m[name], r.num_examples) for m, r in zip(per_client, valid) if name in m]
+            total = sum(w for _, w in values)
+            out[wire.METHOD_METRIC_PREFIX + name] = (float(sum(v * w for v, w in values) / total) if total > 0
+                                                     else float(np.mean([v for v, _ in values])))
+        for name, value in (extra or {}).items():
+            if not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"method metric {name!r} must be a number, got {type(value).__name__}; "
+                                "use record_matrix for arrays")
+            out[wire.METHOD_METRIC_PREFIX + name] = float(value)
+        return out
 
-    # ----------------------------------------------------------------- validation
+    def _messages(self, phase: str, message_type: str, server_round: int, pids: list[int],
+                  content_of: Callable[[int], tuple[Payload, dict]]) -> list[Message]:
+        self._pending[phase] = set(pids)
+        messages = []
+        for pid in pids:
+            payload, method_config = content_of(pid)
+            clash = set(payload) & set(wire.RESERVED_RECORDS)
+            if clash:
+                raise ValueError(f"{type(self).__name__}: payload record name(s) {sorted(clash)} are reserved; "
+                                 "put config values in train_config/evaluate_config")
+            clash = set(method_config) & set(wire.BASE_CONFIG_KEYS)
+            if clash:
+                raise ValueError(f"{type(self).__name__}: config key(s) {sorted(clash)} belong to the base record")
+            config = ConfigRecord({wire.SERVER_ROUND: server_round, wire.PHASE: phase, **method_config})
+            messages.append(Message(content=RecordDict({wire.CONFIG: config, **payload}),
+                                    dst_node_id=self.node_of[pid], message_type=message_type,
+                                    group_id=str(server_round)))
+        return messages
+
     def _drop(self, server_round: int, phase: str, who, reason: str) -> None:
         self.dropped.append({"round": server_round, "phase": phase, "client": who, "reason": reason})
         log(WARNING, "round %s %s: dropped reply from client %s: %s", server_round, phase, who, reason)
 
     def validate(self, server_round: int, phase: str, replies: Iterable[Message], schema_of,
                  required_metrics: tuple[str, ...] = ()) -> list[ClientReply]:
-        """Keep the well-formed replies; log and count every other one (and every missing one)."""
-        valid: list[ClientReply] = []
+        """Keep the well-formed replies, in partition-id order; log and count every other one
+        (and every missing one)."""
+        valid: dict[int, ClientReply] = {}
         answered: set = set()
         for msg in replies:
             node = msg.metadata.src_node_id
@@ -174,17 +402,35 @@ class PersonalizedStrategy(Strategy):
             reason, reply = self._parse(msg, node, schema_of, required_metrics)
             if reply is not None and reply.pid not in self._pending.get(phase, ()):
                 reason, reply = f"unexpected reply (client {reply.pid} was not asked this round)", None
-            if reply is not None and any(r.pid == reply.pid for r in valid):
+            if reply is not None and reply.pid in valid:
                 reason, reply = "duplicate reply", None
-            if reply is not None and phase == "train":
-                reason = self.check_reply(reply)
+            if reply is not None:
+                reply.phase = phase
+                if phase != "evaluate":
+                    reason = self.check_reply(reply)
             if reason is not None:
                 self._drop(server_round, phase, who, reason)
             else:
-                valid.append(reply)
+                valid[reply.pid] = reply
         for pid in sorted(self._pending.get(phase, set()) - answered):
             self._drop(server_round, phase, pid, "no reply (timed out or node gone)")
-        return valid
+        ordered = [valid[pid] for pid in sorted(valid)]
+        for reply in ordered:
+            self._track_state(server_round, phase, reply)
+        return ordered
+
+    def _track_state(self, server_round: int, phase: str, reply: ClientReply) -> None:
+        """Warn when a client that kept state comes back without it (a restarted SuperNode)."""
+        had = self._state_round.get(reply.pid, 0)
+        got = int(reply.metrics.get(wire.STATE_ROUND, 0))
+        if had > 0 and got < had:
+            self.state_lost.append({"round": server_round, "phase": phase, "client": reply.pid,
+                                    "had": had, "got": got})
+            log(WARNING, "round %s %s: client %s lost its state from round %s (it now has %s); its SuperNode "
+                "probably restarted, so it goes on from what it has", server_round, phase, reply.pid, had,
+                got or "none")
+        if reply.metrics.get(wire.STATE_SAVED):
+            self._state_round[reply.pid] = server_round
 
     def _parse(self, msg: Message, node: int, schema_of, required_metrics) -> tuple[str | None, ClientReply | None]:
         if msg.has_error():
@@ -214,13 +460,29 @@ class PersonalizedStrategy(Strategy):
             for key, shape in keys.items():
                 if key not in record:
                     return f"record {record_name!r} lacks array {key!r}", None
-                array = record[key].numpy()
+                try:
+                    array = wire.array_view(record[key])
+                except (ValueError, TypeError) as err:
+                    return f"{record_name}/{key} cannot be read: {err}", None
                 if shape is not None and tuple(array.shape) != tuple(shape):
                     return f"{record_name}/{key} has shape {tuple(array.shape)}, expected {tuple(shape)}", None
-                if array.dtype.kind in "fc" and not np.isfinite(array).all():
-                    return f"{record_name}/{key} contains NaN or Inf", None
+                problem = _nonfinite(array) if array.dtype.kind in "fc" else None
+                if problem:
+                    return f"{record_name}/{key} {problem}", None
                 arrays[record_name][key] = array
         return None, ClientReply(pid, node, int(metrics[wire.NUM_EXAMPLES]), metrics, arrays)
+
+
+def _nonfinite(array: np.ndarray) -> str | None:
+    """NaN/Inf check in one pass and without a temporary: a dot product propagates them, and it
+    overflows for float32 values beyond about 1e19, which no model holds. The exact element check
+    runs only when the dot product is not finite, to say which of the two it was."""
+    flat = array.reshape(-1)
+    if flat.size == 0 or np.isfinite(np.dot(flat, flat)):
+        return None
+    if not np.isfinite(flat).all():
+        return "contains NaN or Inf"
+    return "holds values so large that its norm overflows"
 
 
 def weights_schema(weights: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:

@@ -13,5 +13,5 @@ HPARAMS = {
 class DittoStrategy(FedAvgStrategy):
     """FedAvg on the server; clients evaluate their personal models (no eval payload needed)."""
 
-    def evaluate_payload(self, pid):
+    def evaluate_payload(self, pid, server_round):
         return {}

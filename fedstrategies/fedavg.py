@@ -12,27 +12,40 @@ HPARAMS: dict = {}
 class FedAvgStrategy(PersonalizedStrategy):
     """Sends the global model to every sampled client and averages what comes back.
 
-    ``shared_keys`` selects which tensors are global; subclasses that share only the body
+    ``is_shared`` selects which tensors are global; subclasses that share only the body
     (FedPer, FedRep) narrow it, and everything else in this class stays the same.
     """
 
-    def __init__(self, cfg, clients, initial_weights):
-        super().__init__(cfg, clients, initial_weights)
-        self.shared_keys = [k for k in initial_weights if self.is_shared(k)]
-        self.global_weights = {k: initial_weights[k].copy() for k in self.shared_keys}
+    checkpoint_attrs = ("global_weights",)
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
+        self.global_weights = {k: v.copy() for k, v in model.initial_weights.items() if self.is_shared(k)}
+        self._packed = None
 
     def is_shared(self, key: str) -> bool:
         return True
 
+    def packed_global(self):
+        """The global model as one record, packed once per version and sent to every client."""
+        if self._packed is None:
+            self._packed = wire.pack_arrays(self.global_weights)
+        return self._packed
+
     def train_payload(self, pid, server_round):
-        return {wire.WEIGHTS: wire.pack_arrays(self.global_weights)}
+        return {wire.WEIGHTS: self.packed_global()}
 
     def reply_schema(self, pid):
         return {wire.WEIGHTS: weights_schema(self.global_weights)}
 
     def aggregate(self, server_round, replies):
-        states = [r.arrays[wire.WEIGHTS] for r in replies]
-        self.global_weights = weighted_average(states, [r.num_examples for r in replies])
+        self.global_weights = weighted_average((r.arrays[wire.WEIGHTS] for r in replies),
+                                               [r.num_examples for r in replies])
+        self._packed = None
 
-    def evaluate_payload(self, pid):
-        return {wire.WEIGHTS: wire.pack_arrays(self.global_weights)}
+    def evaluate_payload(self, pid, server_round):
+        return {wire.WEIGHTS: self.packed_global()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._packed = None

@@ -1,9 +1,9 @@
 """FedPer (Arivazhagan et al., 2019): FedAvg over the body only; each client keeps its own head."""
 
+from fedcore.models import BODY_PREFIX
 from fedstrategies.fedavg import FedAvgStrategy
 
 HPARAMS: dict = {}
-BODY_PREFIX = "body."
 
 
 class FedPerStrategy(FedAvgStrategy):

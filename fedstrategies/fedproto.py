@@ -11,58 +11,64 @@ import numpy as np
 from fedcore import wire
 from fedcore.config import Key
 from fedstrategies.base import PersonalizedStrategy
-from fedstrategies.prototypes import aggregate_class_features
+from fedstrategies.prototypes import aggregate_class_features, check_class_features, merge_class_features
 
 HPARAMS = {
     "lambda": Key(1.0, "weight of the prototype-distance regulariser", low=0.0),
     "aggregation": Key("weighted", "per-class mean of prototypes", choices=("weighted", "uniform")),
 }
 
+HAS_PROTOTYPES = "has-global-prototypes"  # config flag: the message carries global prototypes
+
 
 class FedProtoStrategy(PersonalizedStrategy):
-    def __init__(self, cfg, clients, initial_weights):
-        super().__init__(cfg, clients, initial_weights)
-        self.num_classes = len(next(iter(self.clients.values())).train_label_counts)
+    checkpoint_attrs = ("class_ids", "protos", "counts")
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
         self.class_ids = np.zeros(0, np.int64)
-        self.protos: np.ndarray | None = None
+        self.protos: np.ndarray | None = None  # None until the first aggregation
         self.counts = np.zeros(0, np.int64)
+        self._packed = None
 
     def _payload(self):
-        if self.protos is None:  # round 1: no global prototypes yet
+        if self.protos is None:  # round 1: no global prototypes yet (the config flag says so)
             return {}
-        return {wire.CLASS_FEATURES: wire.pack_class_features(self.class_ids, self.protos, self.counts)}
+        if self._packed is None:
+            self._packed = wire.pack_class_features(self.class_ids, self.protos, self.counts)
+        return {wire.CLASS_FEATURES: self._packed}
+
+    def _config(self):
+        return {HAS_PROTOTYPES: self.protos is not None}
 
     def train_payload(self, pid, server_round):
         return self._payload()
 
-    def evaluate_payload(self, pid):
+    def train_config(self, pid, server_round):
+        return self._config()
+
+    def evaluate_payload(self, pid, server_round):
         return self._payload()
 
+    def evaluate_config(self, pid, server_round):
+        return self._config()
+
     def reply_schema(self, pid):
-        return {wire.CLASS_FEATURES: {"class-ids": None, "features": None, "counts": None}}
+        return {wire.CLASS_FEATURES: dict(wire.CLASS_FEATURES_SCHEMA)}
 
     def check_reply(self, reply):
-        ids, feats, counts = (reply.arrays[wire.CLASS_FEATURES][k] for k in ("class-ids", "features", "counts"))
-        if ids.ndim != 1 or feats.ndim != 2 or counts.shape != ids.shape or len(feats) != len(ids):
-            return f"class-features shapes do not agree: ids {ids.shape}, features {feats.shape}, counts {counts.shape}"
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_classes or len(np.unique(ids)) != len(ids)):
-            return f"class ids must be distinct and in 0..{self.num_classes - 1}"
-        if (counts <= 0).any():
-            return "class counts must be positive"
-        if self.protos is not None and len(self.protos) and feats.shape[1] != self.protos.shape[1]:
-            return f"feature dimension {feats.shape[1]} differs from {self.protos.shape[1]}"
-        return None
+        width = self.model.feature_dim if self.protos is None else self.protos.shape[1]
+        return check_class_features(reply.arrays[wire.CLASS_FEATURES], self.num_classes, width)
 
     def aggregate(self, server_round, replies):
         parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
-        ids, protos, counts = aggregate_class_features(
+        new = aggregate_class_features(
             [p["class-ids"] for p in parts], [p["features"] for p in parts], [p["counts"] for p in parts],
             self.num_classes, self.hp["aggregation"])
-        if self.protos is not None:  # a class nobody reported this round keeps its previous prototype
-            keep = ~np.isin(self.class_ids, ids)
-            ids = np.concatenate([ids, self.class_ids[keep]])
-            protos = np.concatenate([protos, self.protos[keep]])
-            counts = np.concatenate([counts, self.counts[keep]])
-            order = np.argsort(ids)
-            ids, protos, counts = ids[order], protos[order], counts[order]
-        self.class_ids, self.protos, self.counts = ids, protos, counts
+        old = None if self.protos is None else (self.class_ids, self.protos, self.counts)
+        self.class_ids, self.protos, self.counts = merge_class_features(new, old)
+        self._packed = None
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._packed = None

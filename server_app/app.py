@@ -1,7 +1,14 @@
 """The ServerApp: run config -> handshake with the clients -> strategy -> rounds -> results.
 
 ``run_experiment`` is the whole server side and takes any Flower ``Grid``: the real one under
-``flwr run`` / a SuperLink, or an in-process one in tests.
+``flwr run`` / a SuperLink, or the in-process one (server_app/inprocess.py).
+
+One round: ``configure_train`` -> send and receive -> ``aggregate_train`` -> (every ``eval-every``
+rounds and after the last) ``configure_evaluate`` -> send and receive -> ``aggregate_evaluate``.
+A strategy with a preparation phase gets a round 0 first: ``configure_prepare`` ->
+``aggregate_prepare_replies``; it appears as round 0 in rounds.csv and does not count towards
+``num-server-rounds``. ``wall_s`` is the round's own time; counting bytes and writing results are
+done outside it.
 """
 
 from __future__ import annotations
@@ -14,9 +21,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from clients.base import make_model
 from fedcore import wire
 from fedcore.config import Config
+from fedcore.models import model_facts
 from fedcore.registry import get_method
 from fedstrategies.base import ClientInfo
 from server_app.results import ResultsWriter, format_summary
@@ -50,8 +57,9 @@ def connect_clients(grid: Grid, cfg: Config) -> tuple[dict[int, ClientInfo], tup
         new = [n for n in grid.get_node_ids() if n not in asked]
         if new:
             asked.update(new)
-            msgs = [Message(RecordDict({wire.CONFIG: ConfigRecord({wire.SERVER_ROUND: 0})}), dst_node_id=n,
-                            message_type=wire.HANDSHAKE, group_id="0") for n in new]
+            config = ConfigRecord({wire.SERVER_ROUND: 0, wire.PHASE: "handshake"})
+            msgs = [Message(RecordDict({wire.CONFIG: config}), dst_node_id=n, message_type=wire.HANDSHAKE,
+                            group_id="0") for n in new]
             for reply in grid.send_and_receive(msgs, timeout=cfg["round-timeout"]):
                 node = reply.metadata.src_node_id
                 if reply.has_error():
@@ -84,6 +92,29 @@ def connect_clients(grid: Grid, cfg: Config) -> tuple[dict[int, ClientInfo], tup
     return dict(sorted(infos.items())), *shapes.pop()
 
 
+def _exchange(grid: Grid, msgs: list[Message], timeout: float) -> tuple[list[Message], float]:
+    """Send and receive one phase; returns the replies and the seconds it took."""
+    start = time.monotonic()
+    replies = list(grid.send_and_receive(msgs, timeout=timeout)) if msgs else []
+    return replies, time.monotonic() - start
+
+
+def _bytes(messages: list[Message]) -> int:
+    seen: dict = {}
+    return sum(wire.content_bytes(m.content, seen) for m in messages if not m.has_error())
+
+
+def _method_columns(metrics, prefix: str) -> dict:
+    """MetricRecord ``m.<name>`` entries as rounds.csv columns ``<prefix><name>``."""
+    n = len(wire.METHOD_METRIC_PREFIX)
+    out = {}
+    for key, value in (metrics or {}).items():
+        if key.startswith(wire.METHOD_METRIC_PREFIX):
+            name = key[n:].replace("@client-mean", "_client_mean").replace("-", "_")
+            out[prefix + name] = value
+    return out
+
+
 def run_experiment(grid: Grid, cfg: Config) -> dict:
     """Run one federated experiment end to end and return its summary."""
     method = get_method(cfg.method)
@@ -96,33 +127,50 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     writer.write_label_counts(pids, np.stack([clients[p].train_label_counts for p in pids]),
                               np.stack([clients[p].test_label_counts for p in pids]))
 
-    model = make_model(cfg, input_shape, num_classes)
-    initial = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
-    strategy = method.strategy(cfg, clients, initial)
+    strategy = method.strategy(cfg, clients, model_facts(cfg["model"], input_shape, num_classes, cfg["seed"]))
     strategy.summary()
+    timeout = cfg["round-timeout"]
+
+    # round 0: the preparation phase, for methods that ask for one
+    start = time.monotonic()
+    msgs = strategy.configure_prepare(grid)
+    if msgs:
+        replies, _ = _exchange(grid, msgs, timeout)
+        metrics = strategy.aggregate_prepare_replies(replies)
+        row = {"round": 0, "replies": metrics["replies"], "dropped": metrics["dropped"],
+               **_method_columns(metrics, "m_"), "wall_s": time.monotonic() - start}
+        row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies))
+        writer.add_round(row, None, strategy.round_matrices)
+        strategy.round_matrices = {}
+        log(INFO, "[round 0] preparation: %s replies (dropped %s)  %.2f s", row["replies"], row["dropped"],
+            row["wall_s"])
 
     empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
     rounds = cfg["num-server-rounds"]
     for rnd in range(1, rounds + 1):
         start = time.monotonic()
         msgs = list(strategy.configure_train(rnd, empty_arrays, empty_config, grid))
-        bytes_down = sum(wire.content_bytes(m.content) for m in msgs)
-        replies = list(grid.send_and_receive(msgs, timeout=cfg["round-timeout"]))
-        bytes_up = sum(wire.content_bytes(r.content) for r in replies if not r.has_error())
+        replies, _ = _exchange(grid, msgs, timeout)
+        lost_before = len(strategy.state_lost)
         _, train_metrics = strategy.aggregate_train(rnd, replies)
-        row = {"round": rnd, "bytes_up": bytes_up, "bytes_down": bytes_down,
-               "replies": train_metrics["replies"], "dropped": train_metrics["dropped"],
-               "train_loss": train_metrics.get(wire.TRAIN_LOSS, "")}
-        evaluation = None
+        row = {"round": rnd, "replies": train_metrics["replies"], "dropped": train_metrics["dropped"],
+               "train_loss": train_metrics.get(wire.TRAIN_LOSS, ""),
+               "state_round_min": train_metrics.get("state-round-min", ""),
+               **_method_columns(train_metrics, "m_")}
+        evaluation, eval_msgs = None, []
         if rnd % cfg["eval-every"] == 0 or rnd == rounds:
-            msgs = list(strategy.configure_evaluate(rnd, empty_arrays, empty_config, grid))
-            row["eval_bytes_down"] = sum(wire.content_bytes(m.content) for m in msgs)
-            evaluation = strategy.aggregate_evaluate(rnd, grid.send_and_receive(msgs, timeout=cfg["round-timeout"]))
+            eval_msgs = list(strategy.configure_evaluate(rnd, empty_arrays, empty_config, grid))
+            eval_replies, _ = _exchange(grid, eval_msgs, timeout)
+            evaluation = strategy.aggregate_evaluate(rnd, eval_replies)
             if evaluation is not None:
                 row.update(acc_weighted=evaluation["acc-weighted"], acc_client_mean=evaluation["acc-client-mean"],
-                           acc_client_std=evaluation["acc-client-std"], loss=evaluation["loss"])
+                           acc_client_std=evaluation["acc-client-std"], loss=evaluation["loss"],
+                           eval_clients=evaluation["eval-clients"], **_method_columns(evaluation, "eval_"))
         row["wall_s"] = time.monotonic() - start
-        writer.add_round(row, evaluation)
+        row["state_lost"] = len(strategy.state_lost) - lost_before
+        row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies), eval_bytes_down=_bytes(eval_msgs))
+        writer.add_round(row, evaluation, strategy.round_matrices)
+        strategy.round_matrices = {}
         acc = f"{100 * row['acc_weighted']:.2f}%" if "acc_weighted" in row else "-"
         log(INFO, "[round %s/%s] acc %s  train-loss %s  replies %s (dropped %s)  %.2f s", rnd, rounds, acc,
             f"{row['train_loss']:.4f}" if row["train_loss"] != "" else "-", row["replies"], row["dropped"],

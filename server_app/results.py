@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 
 ROUND_FIELDS = ["round", "acc_weighted", "acc_client_mean", "acc_client_std", "loss", "train_loss",
-                "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "replies", "dropped"]
+                "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "replies", "dropped", "eval_clients",
+                "state_round_min", "state_lost"]
 CLIENT_FIELDS = ["round", "partition_id", "accuracy", "test_samples"]
+LAST_K = 10  # summary's "mean of the last evaluations": harder to flatter than a best-of-test
 
 
 def default_run_name(cfg) -> str:
@@ -32,12 +34,22 @@ class ResultsWriter:
         (self.dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
         self.rounds: list[dict] = []
         self._start = time.monotonic()
-        self._init_csv("rounds.csv", ROUND_FIELDS)
-        self._init_csv("clients.csv", CLIENT_FIELDS)
+        self._columns = list(ROUND_FIELDS)
+        self._write_rounds()
+        with open(self.dir / "clients.csv", "w", newline="") as f:
+            csv.DictWriter(f, CLIENT_FIELDS).writeheader()
 
-    def _init_csv(self, name: str, fields: list[str]) -> None:
-        with open(self.dir / name, "w", newline="") as f:
-            csv.DictWriter(f, fields).writeheader()
+    def _write_rounds(self) -> None:
+        """rounds.csv, rewritten whole (write, then rename) so that a method's own columns, which
+        may first appear in a later round, get a header; a crash never leaves a half-written file."""
+        for row in self.rounds:
+            self._columns += [k for k in row if k not in self._columns]
+        tmp = self.dir / "rounds.csv.tmp"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, self._columns, restval="")
+            writer.writeheader()
+            writer.writerows(self.rounds)
+        tmp.replace(self.dir / "rounds.csv")
 
     def _append(self, name: str, fields: list[str], rows: list[dict]) -> None:
         with open(self.dir / name, "a", newline="") as f:
@@ -56,9 +68,16 @@ class ResultsWriter:
         plot_label_heatmap(counts, str(self.dir / "label_counts.png"),
                            title=f"{self.cfg['dataset']} / {self.cfg['partition']}: samples per client and class")
 
-    def add_round(self, row: dict, client_eval: dict | None) -> None:
+    def add_round(self, row: dict, client_eval: dict | None, matrices: dict | None = None) -> None:
+        """One round's row (round 0 = the preparation phase), its per-client accuracies and the
+        matrices the strategy recorded (``round_matrices/<round>.json``)."""
         self.rounds.append(row)
-        self._append("rounds.csv", ROUND_FIELDS, [{k: row.get(k, "") for k in ROUND_FIELDS}])
+        self._write_rounds()
+        if matrices:
+            folder = self.dir / "round_matrices"
+            folder.mkdir(exist_ok=True)
+            (folder / f"{row['round']:04d}.json").write_text(
+                json.dumps({k: np.asarray(v).tolist() for k, v in matrices.items()}))
         if client_eval:
             rows = [{"round": row["round"], "partition_id": pid, "accuracy": acc, "test_samples": n}
                     for pid, acc, n in zip(client_eval["client-pids"], client_eval["client-acc"], client_eval["client-n"])]
@@ -68,20 +87,32 @@ class ResultsWriter:
         evaluated = [r for r in self.rounds if _is_number(r.get("acc_weighted"))]
         last = evaluated[-1] if evaluated else {}
         best = max(evaluated, key=lambda r: r["acc_weighted"]) if evaluated else {}
-        n_rounds = len(self.rounds)
+        best_mean = max(evaluated, key=lambda r: r["acc_client_mean"]) if evaluated else {}
+        tail = evaluated[-LAST_K:]
+        training = [r for r in self.rounds if r["round"] > 0]
+        prepare = [r for r in self.rounds if r["round"] == 0]
+        n_rounds = len(training)
         bytes_up = sum(r.get("bytes_up", 0) for r in self.rounds)
         bytes_down = sum(r.get("bytes_down", 0) for r in self.rounds)
+        train_up = sum(r.get("bytes_up", 0) for r in training)
+        train_down = sum(r.get("bytes_down", 0) for r in training)
         summary = {
             "method": self.cfg["method"], "dataset": self.cfg["dataset"], "partition": self.cfg["partition"],
             "model": self.cfg["model"], "seed": self.cfg["seed"], "num_clients": num_clients, "rounds": n_rounds,
             "final_acc": last.get("acc_weighted"), "best_acc": best.get("acc_weighted"),
             "best_round": best.get("round"),
             "client_acc_mean": last.get("acc_client_mean"), "client_acc_std": last.get("acc_client_std"),
+            "best_client_acc_mean": best_mean.get("acc_client_mean"), "best_client_mean_round": best_mean.get("round"),
+            f"last{LAST_K}_acc": _mean(r["acc_weighted"] for r in tail),
+            f"last{LAST_K}_client_acc_mean": _mean(r["acc_client_mean"] for r in tail),
+            "final_round": last.get("round"), "final_eval_clients": last.get("eval_clients"),
             "bytes_up": bytes_up, "bytes_down": bytes_down,
-            "bytes_up_per_round": bytes_up / max(n_rounds, 1), "bytes_down_per_round": bytes_down / max(n_rounds, 1),
+            "bytes_prepare": sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in prepare),
+            "bytes_up_per_round": train_up / max(n_rounds, 1), "bytes_down_per_round": train_down / max(n_rounds, 1),
             "wall_s": time.monotonic() - self._start,
-            "wall_s_per_round": sum(r.get("wall_s", 0.0) for r in self.rounds) / max(n_rounds, 1),
+            "wall_s_per_round": sum(r.get("wall_s", 0.0) for r in training) / max(n_rounds, 1),
             "dropped_replies": len(dropped), "status": status, "results_dir": str(self.dir),
+            **_method_summary(evaluated),
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if dropped:
@@ -89,6 +120,25 @@ class ResultsWriter:
         if evaluated:
             plot_accuracy(evaluated, self.dir / "accuracy.png", title=f"{self.cfg['method']} on {self.cfg['dataset']}")
         return summary
+
+
+def _method_summary(evaluated: list[dict]) -> dict:
+    """Final, best and last-10 mean of every method evaluation column (``eval_<name>``, e.g.
+    R-pFedPM's relation-module accuracy), so comparisons can report them beside the head's."""
+    names = {k for r in evaluated for k in r if k.startswith("eval_") and k not in ("eval_clients", "eval_bytes_down")}
+    out = {}
+    for name in sorted(names):
+        values = [r[name] for r in evaluated if _is_number(r.get(name))]
+        if values:
+            out[f"final_{name}"] = values[-1]
+            out[f"best_{name}"] = max(values)
+            out[f"last{LAST_K}_{name}"] = _mean(values[-LAST_K:])
+    return out
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return float(np.mean(values)) if values else None
 
 
 def _is_number(value) -> bool:

@@ -24,16 +24,11 @@ def small_config(tmp_path, **overrides) -> dict:
 
 
 def run_inprocess(tmp_path, num_clients: int = 3, faults=None, **overrides):
-    """Run the real ServerApp loop against the real ClientApp, in this process."""
-    from clients.app import app as client_app
-    from fedcore.config import Config
-    from server_app.app import run_experiment
-    from tests.harness import LocalGrid
+    """Run the real ServerApp loop against the real ClientApp, in this process (messages and client
+    state serialised between calls, as in the real runtimes)."""
+    from server_app import inprocess
 
-    config = small_config(tmp_path, **overrides)
-    grid = LocalGrid(client_app, num_clients, config, faults=faults)
-    summary = run_experiment(grid, Config.from_run_config(config))
-    return summary, grid
+    return inprocess.run_inprocess(small_config(tmp_path, **overrides), num_clients, faults=faults)
 
 
 @pytest.fixture

@@ -125,7 +125,7 @@ def _snapshot(module):
 
 def test_fedrep_head_phase_keeps_the_body_and_body_phase_keeps_the_head(tmp_path):
     client = _fedrep_client(tmp_path)
-    model = client.env.new_model()
+    model = client.new_model()
     body, head = _snapshot(model.body), _snapshot(model.head)
     client.train_head(model)
     assert all(torch.equal(v, model.body.state_dict()[k]) for k, v in body.items())
@@ -148,9 +148,12 @@ def test_fedproto_predicts_by_nearest_global_prototype(tmp_path):
     from tests.conftest import small_config
 
     cfg = Config.from_run_config(small_config(tmp_path, method="fedproto"))
-    client = FedProtoClient(ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict(), server_round=1))
-    model = client.env.new_model()
-    client.env.save_model(model)
+    from fedstrategies.fedproto import HAS_PROTOTYPES
+
+    client = FedProtoClient(ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict(), server_round=1,
+                                      config={HAS_PROTOTYPES: True}))
+    model = client.new_model()
+    client.save_model(model)
     feats = extract_features(model, client.data.x_test)
     ids, means, counts = class_means(feats, client.data.y_test, client.data.num_classes)
     right = RecordDict({wire.CLASS_FEATURES: wire.pack_class_features(ids.numpy(), means.numpy(), counts.numpy())})

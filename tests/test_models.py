@@ -1,10 +1,10 @@
-"""Tests for clients/models.py: body/head split contract, shapes, spec parameter counts."""
+"""Tests for fedcore/models.py: body/head split contract, shapes, spec parameter counts."""
 
 import pytest
 import torch
 from torch import nn
 
-from clients.models import MODELS, SplitModel, build_model, default_model, pick_device
+from fedcore.models import MODELS, SplitModel, build_model, default_model, pick_device
 
 SHAPES = [(60,), (1, 8, 8), (1, 28, 28), (3, 32, 32)]
 FLAT = {"mlr", "dnn"}

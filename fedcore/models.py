@@ -1,5 +1,9 @@
 """Model zoo for the PFL methods, all split into body (feature extractor) + head (linear classifier).
 
+Shared by both sides: the server builds the seeded initial model (and learns its feature
+dimension) from here, clients build theirs, and the ``body.``/``head.`` key prefixes are defined
+once. It lives in ``fedcore`` so that the server never imports the client package.
+
 Every PFL method here needs that split (FedPer/FedRep share parts, FedFCD fuses two heads,
 FedSaC builds subspaces from features, MuPFL hooks stage activations), so each builder returns
 a `SplitModel` whose state_dict keys start with "body." or "head.".
@@ -10,10 +14,17 @@ caller seeds with torch.manual_seed so that every client can start from the same
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 import torch
 from torch import nn
+
+
+BODY_PREFIX = "body."  # state-dict keys of the feature extractor
+HEAD_PREFIX = "head."  # state-dict keys of the linear classifier
 
 
 class SplitModel(nn.Module):
@@ -242,3 +253,44 @@ def pick_device(preference: str = "auto") -> torch.device:
             raise RuntimeError(f"device '{preference}' requested but CUDA is not available")
         return torch.device(pref)
     raise ValueError(f"unknown device preference '{preference}'; use 'auto', 'cpu' or 'cuda'")
+
+
+# ---------------------------------------------------------------- what both sides agree on
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a strategy knows about the model: shapes, classes, feature width and initial tensors.
+
+    The server builds it once from the seeded initial model (``model_facts``), so strategies never
+    derive the number of classes from label counts or guess the feature width.
+    """
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    feature_dim: int
+    initial_weights: dict[str, np.ndarray]
+
+    @property
+    def num_parameters(self) -> int:
+        return int(sum(v.size for v in self.initial_weights.values()))
+
+
+def resolve_model_name(name: str, input_shape: tuple[int, ...]) -> str:
+    """The run config's ``model`` key, with ``auto`` resolved for this input."""
+    return default_model(input_shape) if name == "auto" else name
+
+
+def seeded_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int, **kwargs) -> SplitModel:
+    """The initial model for ``seed``: identical on the server and on every client, whatever the
+    state of torch's global generator (it is forked, not consumed)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(resolve_model_name(name, input_shape), tuple(input_shape), num_classes, **kwargs)
+
+
+def model_facts(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> ModelFacts:
+    model = seeded_model(name, input_shape, num_classes, seed)
+    weights = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    return ModelFacts(resolve_model_name(name, input_shape), tuple(int(s) for s in input_shape), int(num_classes),
+                      model.feature_dim, weights)
