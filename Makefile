@@ -14,7 +14,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install run test bench deploy-local clean
+.PHONY: install run test bench bench-server deploy-local clean
 
 install: $(STAMP)
 
@@ -33,6 +33,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m server_app.compare $(PRESET)
+
+bench-server: $(STAMP)
+	$(BIN)/python -m benchmarks.server_time --clients 10,100,1000 --out docs/results/server-time
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

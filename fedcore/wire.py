@@ -16,6 +16,8 @@ Method-specific metrics travel in the same ``metrics`` record under keys that st
 from __future__ import annotations
 
 import ast
+import functools
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -88,17 +90,29 @@ def array_view(array: Array) -> np.ndarray:
         header_len, start = int.from_bytes(head[8:12], "little"), 12
     else:
         raise ValueError(f"unsupported .npy format version {major}")
-    header = ast.literal_eval(bytes(head[start:start + header_len]).decode("latin1"))
-    dtype = np.dtype(header["descr"])
-    if dtype.hasobject:
-        raise ValueError("object arrays are not accepted")
-    shape = tuple(header["shape"])
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    dtype, shape, order = _npy_header(bytes(head[start:start + header_len]))
+    count = math.prod(shape)
     offset = start + header_len
     if len(data) - offset != count * dtype.itemsize:
         raise ValueError(f"array data holds {len(data) - offset} bytes, its header says {count * dtype.itemsize}")
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-    return flat.reshape(shape, order="F" if header["fortran_order"] else "C")
+    return flat.reshape(shape, order=order)
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_header(text: bytes) -> tuple[np.dtype, tuple[int, ...], str]:
+    """(dtype, shape, order) of an .npy header; cached, since every client's copy of a tensor has the
+    same header and parsing it costs more than viewing the data."""
+    header = ast.literal_eval(text.decode("latin1"))
+    if not isinstance(header, dict) or {"descr", "shape", "fortran_order"} - set(header):
+        raise ValueError("malformed .npy header")
+    dtype = np.dtype(header["descr"])
+    if dtype.hasobject:
+        raise ValueError("object arrays are not accepted")
+    shape = tuple(int(s) for s in header["shape"])
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return dtype, shape, "F" if header["fortran_order"] else "C"
 
 
 def unpack_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:

@@ -435,10 +435,10 @@ class PersonalizedStrategy(Strategy):
     def _parse(self, msg: Message, node: int, schema_of, required_metrics) -> tuple[str | None, ClientReply | None]:
         if msg.has_error():
             return f"client error: {msg.error.reason}", None
-        content = msg.content
-        if wire.METRICS not in content.metric_records:
+        content = msg.content  # read with .get: RecordDict.array_records/metric_records rebuild dicts per call
+        if not isinstance(content.get(wire.METRICS), MetricRecord):
             return "missing metrics record", None
-        metrics = dict(content.metric_records[wire.METRICS])
+        metrics = dict(content[wire.METRICS])
         for key in (wire.PARTITION_ID, wire.NUM_EXAMPLES, *required_metrics):
             if key not in metrics:
                 return f"missing metric {key!r}", None
@@ -453,9 +453,9 @@ class PersonalizedStrategy(Strategy):
             return "negative num-examples", None
         arrays: dict[str, dict[str, np.ndarray]] = {}
         for record_name, keys in schema_of(pid).items():
-            if record_name not in content.array_records:
+            record = content.get(record_name)
+            if not isinstance(record, ArrayRecord):
                 return f"missing array record {record_name!r}", None
-            record = content.array_records[record_name]
             arrays[record_name] = {}
             for key, shape in keys.items():
                 if key not in record:

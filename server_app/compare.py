@@ -1,27 +1,37 @@
 """Compare methods side by side on one setting, through the real ``flwr run`` simulation.
 
-A preset (TOML, in conf/) fixes the setting; every method runs on the same partition, model and
+A preset (TOML, in conf/) fixes the setting; every entry runs on the same partition, model and
 budget, for each seed. Output in the preset's ``output`` folder:
 
-- ``table.md`` / ``table.csv``: one row per method, mean ± std over seeds,
-- ``curves.png``: every method's accuracy curve (mean over seeds),
-- ``runs/<method>-s<seed>/``: each run's own results.
+- ``table.md`` / ``table.csv``: one row per entry, mean ± std over seeds,
+- ``curves.png``: every entry's accuracy curve (mean over seeds),
+- ``runs/<label>-s<seed>/``: each run's own results.
 
     python -m server_app.compare conf/mnist5k-pathological.toml [--methods local,fedavg] [--seeds 0,1]
 
 Preset format::
 
     [compare]
-    methods = ["local", "fedavg"]
+    methods = ["local", "fedavg", "fedprox-0.1", "R-pfedpm"]   # labels: a method name or a variant
     seeds = [0, 1, 2]
     supernodes = 20
     output = "results/compare/mnist5k-pathological"   # relative to the app directory
+    engine = "flwr"          # or "inprocess": same ServerApp and ClientApp in one process, no Ray
+    jobs = 1                 # inprocess only: runs in parallel processes, one thread each
 
-    [run-config]            # shared run-config keys
+    [run-config]             # shared run-config keys
     dataset = "mnist5k"
 
-    [method-config.fedprox] # extra keys for one method
+    [method-config.fedprox]  # extra keys for one label
     "fedprox.mu" = 0.01
+
+    [variants.fedprox-0.1]   # a labelled variant: a method with its own options
+    method = "fedprox"
+    "fedprox.mu" = 0.1
+
+    [variants.R-pfedpm]      # a row read from another entry's runs (no runs of its own):
+    runs-of = "pfedpm"       # the relation module's accuracy that pfedpm reports beside its head's
+    accuracy = "eval_relation_acc"
 """
 
 from __future__ import annotations
@@ -29,9 +39,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 import time
 import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,60 +52,153 @@ import numpy as np
 from server_app.launch import simulate
 
 COLUMNS = ["method", "final_acc", "final_acc_std", "client_acc_mean", "client_acc_mean_std", "best_acc",
-           "best_acc_std", "mb_up_per_round", "mb_down_per_round", "wall_s_per_round", "seeds"]
+           "best_acc_std", "last10_acc", "last10_acc_std", "mb_up_per_round", "mb_down_per_round",
+           "wall_s_per_round", "seeds"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the comparison: its label, the method it runs and the options it adds.
+
+    ``runs_of`` names another entry whose runs this row reads (no runs of its own), and
+    ``accuracy`` the results column it reports instead of the personalised accuracy.
+    """
+
+    label: str
+    method: str
+    config: dict = field(default_factory=dict)
+    runs_of: str | None = None
+    accuracy: str | None = None
+
+    @property
+    def run_label(self) -> str:
+        return self.runs_of or self.label
 
 
 def load_preset(path: Path) -> dict:
     preset = tomllib.loads(Path(path).read_text())
     if "compare" not in preset or "methods" not in preset["compare"]:
         raise SystemExit(f"{path}: needs a [compare] table with a 'methods' list")
+    entries(preset)  # fail early on a bad variant
     return preset
 
 
-def run_all(preset: dict, app_dir: Path, methods: list[str] | None = None, seeds: list[int] | None = None) -> Path:
+def entries(preset: dict, labels: list[str] | None = None) -> list[Entry]:
+    """The preset's rows, in order, resolved to methods and options."""
+    variants = preset.get("variants", {})
+    labels = labels or preset["compare"]["methods"]
+    out = []
+    for label in labels:
+        variant = dict(variants.get(label, {}))
+        runs_of = variant.pop("runs-of", None)
+        accuracy = variant.pop("accuracy", None)
+        if runs_of is not None:
+            if runs_of not in labels:
+                raise SystemExit(f"variant {label!r} reads the runs of {runs_of!r}, which is not in the list")
+            base = variants.get(runs_of, {})
+            method = base.get("method", runs_of)
+        else:
+            method = variant.pop("method", label)
+        config = {**preset.get("method-config", {}).get(label, {}), **variant}
+        out.append(Entry(label, method, config, runs_of, accuracy))
+    return out
+
+
+def run_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
+    return {**preset.get("run-config", {}), **entry.config, "method": entry.method, "seed": seed,
+            "results-dir": str(out / "runs"), "run-name": f"{entry.label}-s{seed}"}
+
+
+def _run_inprocess(config: dict, supernodes: int) -> dict:
+    """One in-process run in a worker process with one torch thread (what ``jobs`` parallelises)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from server_app.inprocess import run_inprocess
+
+    try:
+        summary, _ = run_inprocess(config, supernodes)
+        return {"status": "finished:completed", "details": "", "summary": summary}
+    except Exception as err:  # reported as a failed run, as flwr ls would
+        return {"status": "finished:failed", "details": repr(err), "summary": None}
+
+
+def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds: list[int] | None = None) -> Path:
     spec = preset["compare"]
-    methods = methods or spec["methods"]
+    rows_of = entries(preset, labels)
     seeds = seeds if seeds is not None else spec.get("seeds", [0])
     out = (app_dir / spec.get("output", "results/compare")).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    jobs = [(m, s) for m in methods for s in seeds]
-    results: dict[str, list[dict]] = {m: [] for m in methods}
+    jobs = [(e, s) for e in rows_of if e.runs_of is None for s in seeds]
+    results: dict[str, list[dict]] = {e.label: [] for e in rows_of}
     failures = []
     started = time.monotonic()
-    for i, (method, seed) in enumerate(jobs, 1):
-        config = {**preset.get("run-config", {}), **preset.get("method-config", {}).get(method, {}),
-                  "method": method, "seed": seed, "results-dir": str(out / "runs"), "run-name": f"{method}-s{seed}"}
-        print(f"[{i}/{len(jobs)}] {method} seed {seed} ...", flush=True)
-        t0 = time.monotonic()
-        result = simulate(config, supernodes=spec.get("supernodes", 10), app_dir=app_dir,
-                          cpus_per_client=spec.get("cpus-per-client", 1),
-                          gpus_per_client=spec.get("gpus-per-client", 0.0), stream=spec.get("stream", False))
+    supernodes = spec.get("supernodes", 10)
+    engine = spec.get("engine", "flwr")
+    if engine not in ("flwr", "inprocess"):
+        raise SystemExit(f"engine must be 'flwr' or 'inprocess', got {engine!r}")
+
+    def record(i: int, entry: Entry, seed: int, result: dict, seconds: float) -> None:
         summary = result["summary"]
         if result["status"] != "finished:completed" or summary is None:
-            failures.append(f"{method} seed {seed}: {result['status']} {result['details']}")
-            print(f"    FAILED: {result['status']} {result['details']}", flush=True)
-            continue
-        results[method].append(summary)
-        print(f"    final acc {100 * summary['final_acc']:.2f}%  best {100 * summary['best_acc']:.2f}%  "
-              f"{time.monotonic() - t0:.0f} s (total {time.monotonic() - started:.0f} s)", flush=True)
-    rows = [aggregate_row(m, results[m]) for m in methods if results[m]]
+            failures.append(f"{entry.label} seed {seed}: {result['status']} {result['details']}")
+            print(f"[{i}/{len(jobs)}] {entry.label} seed {seed} FAILED: {result['status']} {result['details']}",
+                  flush=True)
+            return
+        results[entry.label].append(summary)
+        print(f"[{i}/{len(jobs)}] {entry.label} seed {seed}: final acc {100 * summary['final_acc']:.2f}%  "
+              f"best {100 * summary['best_acc']:.2f}%  {seconds:.0f} s (total {time.monotonic() - started:.0f} s)",
+              flush=True)
+
+    if engine == "inprocess":
+        workers = max(1, int(spec.get("jobs", 1)))
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            t0 = time.monotonic()
+            futures = [pool.submit(_run_inprocess, run_config(preset, e, s, out), supernodes) for e, s in jobs]
+            print(f"{len(jobs)} in-process runs on {workers} worker(s) ...", flush=True)
+            for i, ((entry, seed), future) in enumerate(zip(jobs, futures), 1):
+                record(i, entry, seed, future.result(), time.monotonic() - t0)
+    else:
+        for i, (entry, seed) in enumerate(jobs, 1):
+            print(f"[{i}/{len(jobs)}] {entry.label} seed {seed} ...", flush=True)
+            t0 = time.monotonic()
+            result = simulate(run_config(preset, entry, seed, out), supernodes=supernodes, app_dir=app_dir,
+                              cpus_per_client=spec.get("cpus-per-client", 1),
+                              gpus_per_client=spec.get("gpus-per-client", 0.0), stream=spec.get("stream", False))
+            record(i, entry, seed, result, time.monotonic() - t0)
+    for entry in rows_of:
+        if entry.runs_of is not None:
+            results[entry.label] = results[entry.runs_of]
+    rows = [aggregate_row(e.label, results[e.label], e.accuracy) for e in rows_of if results[e.label]]
     write_table(rows, out, preset, failures)
-    plot_curves(methods, seeds, out)
+    plot_curves(rows_of, seeds, out)
     print((out / "table.md").read_text())
     if failures:
         print("failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)
     return out
 
 
-def aggregate_row(method: str, summaries: list[dict]) -> dict:
+def _accuracy_keys(accuracy: str | None) -> dict[str, str]:
+    """Summary keys of a row's accuracy columns: the personalised model's, or a method column's."""
+    if accuracy is None:
+        return {"final": "final_acc", "client": "client_acc_mean", "best": "best_acc", "last10": "last10_acc"}
+    return {"final": f"final_{accuracy}", "client": f"final_{accuracy}_client_mean", "best": f"best_{accuracy}",
+            "last10": f"last10_{accuracy}"}
+
+
+def aggregate_row(label: str, summaries: list[dict], accuracy: str | None = None) -> dict:
+    keys = _accuracy_keys(accuracy)
+
     def ms(key):
-        v = np.array([s[key] for s in summaries], dtype=float)
+        v = np.array([s.get(key, np.nan) if s.get(key) is not None else np.nan for s in summaries], dtype=float)
         return float(v.mean()), float(v.std())
 
-    row = {"method": method, "seeds": len(summaries)}
-    row["final_acc"], row["final_acc_std"] = ms("final_acc")
-    row["client_acc_mean"], row["client_acc_mean_std"] = ms("client_acc_mean")
-    row["best_acc"], row["best_acc_std"] = ms("best_acc")
+    row = {"method": label, "seeds": len(summaries)}
+    row["final_acc"], row["final_acc_std"] = ms(keys["final"])
+    row["client_acc_mean"], row["client_acc_mean_std"] = ms(keys["client"])
+    row["best_acc"], row["best_acc_std"] = ms(keys["best"])
+    row["last10_acc"], row["last10_acc_std"] = ms(keys["last10"])
     row["mb_up_per_round"] = ms("bytes_up_per_round")[0] / 1e6
     row["mb_down_per_round"] = ms("bytes_down_per_round")[0] / 1e6
     row["wall_s_per_round"] = ms("wall_s_per_round")[0]
@@ -105,44 +211,52 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
         w = csv.DictWriter(f, COLUMNS + ["client_acc_std_within"])
         w.writeheader()
         w.writerows(rows)
+    spec = preset["compare"]
     setting = ", ".join(f"{k}={v}" for k, v in preset.get("run-config", {}).items())
+    engine = spec.get("engine", "flwr")
     lines = [
-        f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients.",
+        f"Setting: {setting}; {spec.get('supernodes', 10)} clients; engine {engine}.",
         "Accuracy in % (personalised: each client's model on its own test split), mean ± std over seeds.",
         "",
-        "| method | final acc (weighted) | final acc (client mean) | best acc (weighted) | MB up / round | MB down / round | s / round |",
-        "|---|---|---|---|---|---|---|",
+        "| method | final acc (weighted) | final acc (client mean) | best acc (weighted) | last-10 mean (weighted) "
+        "| MB up / round | MB down / round | s / round |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+
+    def pct(mean, std):
+        return "-" if np.isnan(mean) else f"{100 * mean:.2f} ± {100 * std:.2f}"
+
     for r in rows:
         lines.append(
-            f"| {r['method']} | {100 * r['final_acc']:.2f} ± {100 * r['final_acc_std']:.2f} "
-            f"| {100 * r['client_acc_mean']:.2f} ± {100 * r['client_acc_mean_std']:.2f} "
-            f"| {100 * r['best_acc']:.2f} ± {100 * r['best_acc_std']:.2f} "
+            f"| {r['method']} | {pct(r['final_acc'], r['final_acc_std'])} "
+            f"| {pct(r['client_acc_mean'], r['client_acc_mean_std'])} | {pct(r['best_acc'], r['best_acc_std'])} "
+            f"| {pct(r['last10_acc'], r['last10_acc_std'])} "
             f"| {r['mb_up_per_round']:.3f} | {r['mb_down_per_round']:.3f} | {r['wall_s_per_round']:.2f} |")
     if failures:
         lines += ["", "Failed runs: " + "; ".join(failures)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
-def plot_curves(methods: list[str], seeds: list[int], out: Path) -> None:
+def plot_curves(rows_of: list[Entry], seeds: list[int], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in methods:
+    for entry in rows_of:
+        column = entry.accuracy or "acc_weighted"
         curves = []
         for seed in seeds:
-            path = out / "runs" / f"{method}-s{seed}" / "rounds.csv"
+            path = out / "runs" / f"{entry.run_label}-s{seed}" / "rounds.csv"
             if path.exists():
-                rows = [r for r in csv.DictReader(open(path)) if r["acc_weighted"]]
-                curves.append({int(r["round"]): float(r["acc_weighted"]) for r in rows})
+                rows = [r for r in csv.DictReader(open(path)) if r.get(column)]
+                curves.append({int(r["round"]): float(r[column]) for r in rows})
         if not curves:
             continue
         rounds = sorted(set.intersection(*(set(c) for c in curves)))
         mean = np.array([np.mean([c[r] for c in curves]) for r in rounds])
-        ax.plot(rounds, 100 * mean, label=method)
+        ax.plot(rounds, 100 * mean, label=entry.label, linestyle="--" if entry.runs_of else "-")
     ax.set(xlabel="round", ylabel="personalised test accuracy (%)", title=out.name)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
@@ -154,14 +268,14 @@ def plot_curves(methods: list[str], seeds: list[int], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path)
-    parser.add_argument("--methods", help="comma-separated subset of the preset's methods")
+    parser.add_argument("--methods", help="comma-separated subset of the preset's labels")
     parser.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     parser.add_argument("--app", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     preset = load_preset(args.preset)
-    methods = args.methods.split(",") if args.methods else None
+    labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    out = run_all(preset, args.app.resolve(), methods, seeds)
+    out = run_all(preset, args.app.resolve(), labels, seeds)
     (out / "preset.json").write_text(json.dumps(preset, indent=2))
     return 0
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import Config
-from server_app.compare import aggregate_row, load_preset, plot_curves, write_table
+from server_app.compare import Entry, aggregate_row, entries, load_preset, plot_curves, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -14,9 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("preset", sorted((ROOT / "conf").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_presets_are_valid_run_configs(preset):
     spec = load_preset(preset)
-    for method in spec["compare"]["methods"]:
-        Config.from_run_config({**spec.get("run-config", {}), **spec.get("method-config", {}).get(method, {}),
-                                "method": method})
+    for entry in entries(spec):
+        Config.from_run_config({**spec.get("run-config", {}), **entry.config, "method": entry.method})
 
 
 def test_table_and_curves_from_real_runs(tmp_path):
@@ -31,7 +30,7 @@ def test_table_and_curves_from_real_runs(tmp_path):
     rows = [aggregate_row(m, s) for m, s in summaries.items()]
     preset = {"compare": {"supernodes": 3}, "run-config": {"dataset": "digits"}}
     write_table(rows, out, preset, failures=[])
-    plot_curves(["local", "fedavg"], [0, 1], out)
+    plot_curves([Entry("local", "local"), Entry("fedavg", "fedavg")], [0, 1], out)
 
     local = summaries["local"]
     expected = sum(s["final_acc"] for s in local) / 2
@@ -43,3 +42,39 @@ def test_table_and_curves_from_real_runs(tmp_path):
     assert int(got["fedavg"]["seeds"]) == 2
     assert float(got["local"]["mb_up_per_round"]) < float(got["fedavg"]["mb_up_per_round"])
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_variants_have_labels_options_and_rows_read_from_other_runs():
+    preset = {"compare": {"methods": ["fedprox", "fedprox-strong", "R-x"]},
+              "run-config": {"dataset": "digits"},
+              "method-config": {"fedprox": {"fedprox.mu": 0.01}},
+              "variants": {"fedprox-strong": {"method": "fedprox", "fedprox.mu": 1.0},
+                           "R-x": {"runs-of": "fedprox-strong", "accuracy": "eval_relation_acc"}}}
+    got = {e.label: e for e in entries(preset)}
+    assert got["fedprox"] == Entry("fedprox", "fedprox", {"fedprox.mu": 0.01})
+    assert got["fedprox-strong"].method == "fedprox" and got["fedprox-strong"].config == {"fedprox.mu": 1.0}
+    assert got["R-x"].runs_of == "fedprox-strong" and got["R-x"].method == "fedprox" and got["R-x"].run_label == "fedprox-strong"
+    with pytest.raises(SystemExit, match="not in the list"):
+        entries({**preset, "compare": {"methods": ["R-x"]}})
+    summaries = [{"final_acc": 0.5, "final_eval_relation_acc": 0.9, "final_eval_relation_acc_client_mean": 0.8,
+                  "best_eval_relation_acc": 0.95, "last10_eval_relation_acc": 0.85, "client_acc_mean": 0.4,
+                  "best_acc": 0.6, "last10_acc": 0.5, "bytes_up_per_round": 1e6, "bytes_down_per_round": 1e6,
+                  "wall_s_per_round": 1.0, "client_acc_std": 0.1}]
+    row = aggregate_row("R-x", summaries, "eval_relation_acc")
+    assert (row["final_acc"], row["client_acc_mean"], row["best_acc"], row["last10_acc"]) == (0.9, 0.8, 0.95, 0.85)
+    assert aggregate_row("fedprox", summaries)["final_acc"] == 0.5
+
+
+def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path):
+    """engine = "inprocess": the same ServerApp and ClientApp in worker processes, table and curves written."""
+    from server_app.compare import run_all
+
+    preset = {"compare": {"methods": ["local", "fedavg-strong"], "seeds": [0], "supernodes": 3,
+                          "output": str(tmp_path / "cmp"), "engine": "inprocess", "jobs": 2},
+              "run-config": {"dataset": "digits", "num-server-rounds": 2, "node-wait-s": 0},
+              "variants": {"fedavg-strong": {"method": "fedprox", "fedprox.mu": 1.0}}}
+    out = run_all(preset, ROOT)
+    table = (out / "table.md").read_text()
+    assert "| local |" in table and "| fedavg-strong |" in table and "engine inprocess" in table
+    assert (out / "runs" / "fedavg-strong-s0" / "summary.json").exists()
+    assert (out / "curves.png").exists()

@@ -1,0 +1,1 @@
+"""Benchmarks: server time per round, simulation throughput."""

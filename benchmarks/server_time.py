@@ -1,0 +1,228 @@
+"""Server time and memory of every strategy at 10, 100 and 1,000 clients, with real-shaped replies.
+
+For each (method, number of clients) a fresh process builds the strategy for the CNN on 28x28
+input (10 classes, 2 classes per client), makes one round of replies with the shapes the strategy
+asks for (``reply_schema``; a strategy with exotic payloads can supply ``example_reply``), and then
+times what the server itself does in a round: ``configure_train`` + ``aggregate_train`` (validation
+included) + ``configure_evaluate`` + ``aggregate_evaluate`` (and round 0 for methods that have one).
+Building the replies (the network's job) is outside the timed part. Memory is the growth of the
+process's peak RSS during the timed part, so the replies themselves are not counted.
+
+    python -m benchmarks.server_time [--clients 10,100,1000] [--methods fedavg,fedproto] [--out docs/results/server-time]
+
+Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TARGET_S = 0.5
+
+
+def _config(method: str, extra: dict):
+    from fedcore.config import Config
+
+    return Config.from_run_config({"method": method, "dataset": "mnist5k", "model": "cnn", **extra})
+
+
+def fake_clients(n: int, num_classes: int = 10):
+    """n clients of 100 training samples, 2 classes each, as a handshake would describe them."""
+    from fedstrategies.base import ClientInfo
+
+    infos = {}
+    for pid in range(n):
+        counts = np.zeros(num_classes, np.int64)
+        counts[[pid % num_classes, (pid + 1) % num_classes]] = [60, 40]
+        infos[pid] = ClientInfo(pid, 10_000 + pid, 100, 34, counts, counts // 3)
+    return infos
+
+
+def _array_for(key: str, shape, like: np.ndarray | None, rng) -> np.ndarray:
+    if like is not None and like.dtype.kind != "f":
+        return like.copy()
+    base = like if like is not None and like.shape == tuple(shape) else np.zeros(shape, np.float32)
+    return (base + 0.01 * rng.standard_normal(shape)).astype(np.float32)
+
+
+def fake_reply(strategy, msg, phase: str, rng):
+    """A reply to ``msg`` with the arrays the strategy's schema asks for, filled with noise around the
+    initial weights (so similarities and norms are realistic)."""
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from fedcore import wire
+
+    pid = strategy.pid_of[msg.metadata.dst_node_id]
+    records = {}
+    if hasattr(strategy, "example_reply"):
+        records = strategy.example_reply(pid, phase, rng)
+    elif phase != "evaluate":
+        schema = strategy.prepare_schema(pid) if phase == "prepare" else strategy.reply_schema(pid)
+        for name, keys in schema.items():
+            if name == wire.CLASS_FEATURES and any(shape is None for shape in keys.values()):
+                ids = np.flatnonzero(strategy.clients[pid].train_label_counts)
+                feats = rng.standard_normal((len(ids), strategy.model.feature_dim)).astype(np.float32)
+                records[name] = wire.pack_class_features(ids, feats, strategy.clients[pid].train_label_counts[ids])
+                continue
+            arrays = {}
+            for key, shape in keys.items():
+                if shape is None:
+                    raise SystemExit(f"{type(strategy).__name__}: schema {name}/{key} has no shape; "
+                                     "give the strategy an example_reply(pid, phase, rng)")
+                arrays[key] = _array_for(key, shape, strategy.initial_weights.get(key), rng)
+            records[name] = wire.pack_arrays(arrays)
+    info = strategy.clients[pid]
+    metrics = {wire.PARTITION_ID: pid, wire.NUM_EXAMPLES: info.num_train, wire.TRAIN_LOSS: 1.0}
+    if phase == "evaluate":
+        metrics.update({wire.NUM_EXAMPLES: info.num_test, wire.CORRECT: info.num_test // 2, wire.EVAL_LOSS: 1.0})
+    return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+def measure(method: str, n: int, extra: dict) -> dict:
+    """One (method, clients) case in this process: seconds per phase and peak-memory growth."""
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedcore.models import model_facts
+    from fedcore.registry import get_method
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    cfg = _config(method, extra)
+    facts = model_facts("cnn", (1, 28, 28), 10, 0)
+    strategy = get_method(method).strategy(cfg, fake_clients(n), facts)
+    rng = np.random.default_rng(0)
+    arrays, config = ArrayRecord(), ConfigRecord()
+    times = {"prepare": 0.0, "configure": 0.0, "aggregate": 0.0, "evaluate": 0.0}
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    msgs = strategy.configure_prepare(None)
+    times["prepare"] += time.perf_counter() - t
+    if msgs:
+        replies = [fake_reply(strategy, m, "prepare", rng) for m in msgs]
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t = time.perf_counter()
+        strategy.aggregate_prepare_replies(replies)
+        times["prepare"] += time.perf_counter() - t
+        del replies
+    t = time.perf_counter()
+    msgs = list(strategy.configure_train(1, arrays, config, None))
+    times["configure"] = time.perf_counter() - t
+    replies = [fake_reply(strategy, m, "train", rng) for m in msgs]
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    strategy.aggregate_train(1, replies)
+    times["aggregate"] = time.perf_counter() - t
+    del replies, msgs
+    t = time.perf_counter()
+    msgs = list(strategy.configure_evaluate(1, arrays, config, None))
+    times["evaluate"] = time.perf_counter() - t
+    replies = [fake_reply(strategy, m, "evaluate", rng) for m in msgs]
+    t = time.perf_counter()
+    strategy.aggregate_evaluate(1, replies)
+    times["evaluate"] += time.perf_counter() - t
+    rss2 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if strategy.dropped:
+        raise SystemExit(f"{method}: the benchmark's replies were dropped: {strategy.dropped[:2]}")
+    return {"method": method, "clients": n, **{f"{k}_s": v for k, v in times.items()},
+            "round_s": times["configure"] + times["aggregate"] + times["evaluate"],
+            "peak_growth_mb": max(rss2 - max(rss0, rss1), 0) / 1024,
+            "sampled": len(strategy.sample_train(1))}
+
+
+def run(methods: list[str], clients: list[int], out: Path, extra: dict) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in clients:
+        for method in methods:
+            cmd = [sys.executable, "-m", "benchmarks.server_time", "--one", method, str(n), json.dumps(extra)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{method} at {n} clients failed:\n{done.stderr[-3000:]}")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(f"{method:>10} {n:>5} clients: round {row['round_s']:.3f} s (configure {row['configure_s']:.3f}, "
+                  f"aggregate {row['aggregate_s']:.3f}, evaluate {row['evaluate_s']:.3f}, prepare "
+                  f"{row['prepare_s']:.3f}), peak +{row['peak_growth_mb']:.0f} MB", flush=True)
+    write(rows, out)
+    return rows
+
+
+def write(rows: list[dict], out: Path) -> None:
+    fields = ["method", "clients", "sampled", "round_s", "configure_s", "aggregate_s", "evaluate_s", "prepare_s",
+              "peak_growth_mb"]
+    with open(out / "table.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    counts = sorted({r["clients"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["method"], r["clients"]): r for r in rows}
+    lines = ["Seconds per round on the server (configure + aggregate + evaluate; round 0 in brackets where a "
+             f"method has one) and peak-memory growth, CNN on 28x28, target < {TARGET_S} s at 1,000 clients.", "",
+             "| method | " + " | ".join(f"{n} clients" for n in counts) + f" | MB at {counts[-1]} |",
+             "|---|" + "---|" * (len(counts) + 1)]
+    for m in methods:
+        cells = []
+        for n in counts:
+            r = by.get((m, n))
+            if r is None:
+                cells.append("-")
+                continue
+            cell = f"{r['round_s']:.3f}"
+            if r["prepare_s"] > 0.001:
+                cell += f" ({r['prepare_s']:.3f})"
+            cells.append(cell)
+        last = by.get((m, counts[-1]))
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {last['peak_growth_mb']:.0f} |" if last else " | - |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in methods:
+        pts = [(n, by[(m, n)]["round_s"]) for n in counts if (m, n) in by]
+        ax.plot(*zip(*pts), marker="o", label=m)
+    ax.axhline(TARGET_S, color="grey", linestyle=":", label=f"target {TARGET_S} s")
+    ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="server seconds per round",
+           title="Server time per round (CNN, 28x28)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "server_time.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", default="10,100,1000")
+    parser.add_argument("--methods", default="", help="comma-separated (default: every registered method)")
+    parser.add_argument("--out", type=Path, default=Path("docs/results/server-time"))
+    parser.add_argument("--run-config", default="{}", help="extra run-config keys as JSON")
+    parser.add_argument("--one", nargs=3, metavar=("METHOD", "CLIENTS", "EXTRA"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        method, n, extra = args.one
+        print(json.dumps(measure(method, int(n), json.loads(extra))))
+        return 0
+    from fedcore.registry import REGISTRY
+
+    methods = args.methods.split(",") if args.methods else list(REGISTRY)
+    run(methods, [int(c) for c in args.clients.split(",")], args.out, json.loads(args.run_config))
+    print((args.out / "table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
