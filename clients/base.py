@@ -95,22 +95,15 @@ def load_client_data(cfg: Config, pid: int, num_clients: int, device: torch.devi
     return _client_data(key, pid, str(device))
 
 
-_threads_set = False
-
-
 def set_client_threads(cfg: Config) -> None:
-    """Give torch this client's CPU share once per process.
+    """Give torch this client's CPU share.
 
     ``client-threads`` wins; else ``OMP_NUM_THREADS``, which Ray sets to each simulated client's CPU
     count (several actors share the cores); else torch's default, all cores (one SuperNode per machine).
     """
-    global _threads_set
-    if _threads_set:
-        return
     threads = cfg["client-threads"] or int(os.environ.get("OMP_NUM_THREADS") or 0)
-    if threads > 0:
+    if threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    _threads_set = True
 
 
 def message_seed(seed: int, pid: int, server_round: int, phase: str) -> int:
@@ -298,15 +291,18 @@ class ClientMethod:
               after_step: StepCallback | None = None) -> float:
         """Mini-batch training on this client's training set; returns the mean batch loss.
 
-        Defaults: ``local-epochs`` epochs, ``batch-size``, SGD over all of ``model``'s parameters at
-        the message's learning rate. ``steps`` replaces epochs with a step budget (reshuffled
+        Defaults: ``local-steps`` steps if set, else ``local-epochs`` epochs; ``batch-size``; SGD
+        over all of ``model``'s parameters at the message's learning rate. ``steps`` replaces epochs with a step budget (reshuffled
         across epochs); ``params``/``lr`` narrow the default optimiser and ``optimizer`` replaces it
         (one or several, all stepped on the same loss); ``x``/``y`` replace the data (features cached
         from a fixed body); ``tag`` picks a shuffle stream of its own; ``after_step`` runs after
         every step.
         """
         if epochs is None and steps is None:
-            epochs = self.cfg["local-epochs"]
+            if self.cfg["local-steps"] > 0:
+                steps = self.cfg["local-steps"]
+            else:
+                epochs = self.cfg["local-epochs"]
         if optimizer is None:
             optimizer = self.env.optimizer(model.parameters() if params is None else params, lr=lr)
         return train_loop(model, self.data.x_train if x is None else x, self.data.y_train if y is None else y,

@@ -74,6 +74,8 @@ def _common_keys() -> dict[str, Key]:
         "num-server-rounds": Key(20, "federated rounds", low=1),
         "seed": Key(0, "one seed for partitioning, initialisation and sampling", low=0),
         "local-epochs": Key(1, "local epochs per round", low=1),
+        "local-steps": Key(0, "local SGD steps per round instead of epochs (reshuffled across epochs); 0 = use epochs",
+                           low=0),
         "batch-size": Key(10, "local mini-batch size", low=1),
         "lr": Key(0.05, "local SGD learning rate", low=0.0, low_open=True),
         "momentum": Key(0.0, "local SGD momentum", low=0.0, high=1.0),

@@ -36,6 +36,14 @@ def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_
     same = [[r[c] for c in columns] for r in rows["a"]] == [[r[c] for c in columns] for r in rows["b"]]
     assert same, (rows["a"], rows["b"])
     assert [r["train_loss"] for r in rows["a"]] != [r["train_loss"] for r in rows["c"]]
+    # the in-process engine (comparison presets with engine = "inprocess") gives the very same numbers
+    from server_app.inprocess import run_inprocess
+
+    config = {"method": "ditto", "dataset": "digits", "num-server-rounds": 3, "results-dir": str(tmp_path),
+              "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0}
+    run_inprocess(config, 3)
+    inproc = [[r[c] for c in columns] for r in _rounds(tmp_path, "inprocess")]
+    assert inproc == [[r[c] for c in columns] for r in rows["a"]]
 
 
 def test_a_failing_server_app_is_reported_as_failed(tmp_path):
