@@ -60,6 +60,7 @@ def fake_reply(strategy, msg, phase: str, rng):
     from flwr.app import Message, MetricRecord, RecordDict
 
     from fedcore import wire
+    from fedstrategies.base import ArraySpec
 
     pid = strategy.pid_of[msg.metadata.dst_node_id]
     records = {}
@@ -68,13 +69,14 @@ def fake_reply(strategy, msg, phase: str, rng):
     elif phase != "evaluate":
         schema = strategy.prepare_schema(pid) if phase == "prepare" else strategy.reply_schema(pid)
         for name, keys in schema.items():
-            if name == wire.CLASS_FEATURES and any(shape is None for shape in keys.values()):
+            if name == wire.CLASS_FEATURES and any(spec is None for spec in keys.values()):
                 ids = np.flatnonzero(strategy.clients[pid].train_label_counts)
                 feats = rng.standard_normal((len(ids), strategy.model.feature_dim)).astype(np.float32)
                 records[name] = wire.pack_class_features(ids, feats, strategy.clients[pid].train_label_counts[ids])
                 continue
             arrays = {}
-            for key, shape in keys.items():
+            for key, spec in keys.items():
+                shape = spec.shape if isinstance(spec, ArraySpec) else spec
                 if shape is None:
                     raise SystemExit(f"{type(strategy).__name__}: schema {name}/{key} has no shape; "
                                      "give the strategy an example_reply(pid, phase, rng)")

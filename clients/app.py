@@ -17,6 +17,7 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from clients import faults, state_store
 from clients.base import ClientEnv, message_seed, set_client_threads
 from fedcore import wire
 from fedcore.config import Config
@@ -50,15 +51,25 @@ def _env(msg: Message, context: Context, phase: str) -> ClientEnv:
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
-    return ClientEnv(cfg, pid, num_clients, context.state, server_round, config)
+    folder = state_store.state_dir(cfg, dict(context.node_config), str(config.get(wire.RUN_TOKEN, "")), pid)
+    finished = server_round if phase == "evaluate" else server_round - 1  # newest round the server kept
+    state_store.restore_if_empty(context.state, folder, finished)
+    env = ClientEnv(cfg, pid, num_clients, context.state, server_round, config)
+    env.state_folder = folder
+    return env
 
 
-def _reply(msg: Message, env: ClientEnv, records: dict, metrics: dict) -> Message:
+def _reply(msg: Message, env: ClientEnv, records: dict, metrics: dict, fault: str | None = None) -> Message:
     clash = set(records) & set(wire.RESERVED_RECORDS)
     if clash:
         raise ValueError(f"reply record name(s) {sorted(clash)} are reserved")
     metrics = {**metrics, wire.PARTITION_ID: env.pid, wire.STATE_ROUND: env.state_round,
                wire.STATE_SAVED: int(env.state_saved)}
+    if env.state_saved:
+        state_store.persist(env.state, env.state_folder, env.server_round)
+    if fault is not None:
+        records, metrics = faults.corrupt(fault, records, metrics, env.pid, env.num_clients)
+        return Message(content=faults.reply_content(records, metrics), reply_to=msg)
     return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
@@ -94,8 +105,10 @@ def prepare(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     env = _env(msg, context, "train")
+    fault = faults.fault_for(env.cfg, env.pid, env.num_clients, env.server_round)
+    faults.before(fault, env.cfg)
     records, metrics = _client(env).fit(msg.content)
-    return _reply(msg, env, records, {**metrics, wire.NUM_EXAMPLES: env.data.num_train})
+    return _reply(msg, env, records, {**metrics, wire.NUM_EXAMPLES: env.data.num_train}, fault)
 
 
 @app.evaluate()

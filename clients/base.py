@@ -56,9 +56,10 @@ def _frozen(d: dict) -> tuple:
 
 @lru_cache(maxsize=4)
 def _federated_data(dataset: str, partition: str, num_clients: int, seed: int, data_dir: str,
-                    dataset_params: tuple, partition_params: tuple):
+                    dataset_params: tuple, partition_params: tuple, normalize: str = "dataset"):
     """The whole dataset and every client's split, computed once per process (deterministic)."""
-    data = load_dataset(dataset, num_clients=num_clients, seed=seed, data_dir=data_dir, params=dict(dataset_params))
+    data = load_dataset(dataset, num_clients=num_clients, seed=seed, data_dir=data_dir, params=dict(dataset_params),
+                        normalize=normalize)
     splits = build_splits(data, partition, num_clients, seed, dict(partition_params))
     return data, splits
 
@@ -91,7 +92,7 @@ def _client_data(key: tuple, pid: int, device: str) -> ClientData:
 
 def load_client_data(cfg: Config, pid: int, num_clients: int, device: torch.device) -> ClientData:
     key = (cfg["dataset"], cfg["partition"], num_clients, cfg["seed"], cfg["data-dir"],
-           _frozen(dataset_params(cfg)), _frozen(cfg.partition_params()))
+           _frozen(dataset_params(cfg)), _frozen(cfg.partition_params()), cfg["normalize"])
     return _client_data(key, pid, str(device))
 
 
@@ -135,6 +136,7 @@ class ClientEnv:
         meta = state.config_records.get(META)
         self.state_round = int(meta[wire.STATE_ROUND]) if meta is not None and wire.STATE_ROUND in meta else 0
         self.state_saved = False
+        self.state_folder = None  # where clients/app.py keeps this client's state on disk
 
     @property
     def lr(self) -> float:

@@ -27,6 +27,7 @@ class Key:
     low: float | None = None  # inclusive lower bound
     high: float | None = None  # inclusive upper bound
     low_open: bool = False  # the lower bound itself is not allowed
+    high_open: bool = False  # the upper bound itself is not allowed
 
     def check(self, name: str, value: Any) -> Any:
         """Return ``value`` coerced to this key's type, or raise ``ConfigError``."""
@@ -56,8 +57,9 @@ class Key:
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             op = ">" if self.low_open else ">="
             raise ConfigError(f"'{name}' = {value!r} is out of range; it must be {op} {self.low}")
-        if self.high is not None and value > self.high:
-            raise ConfigError(f"'{name}' = {value!r} is out of range; it must be <= {self.high}")
+        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+            op = "<" if self.high_open else "<="
+            raise ConfigError(f"'{name}' = {value!r} is out of range; it must be {op} {self.high}")
         return value
 
 
@@ -69,6 +71,8 @@ def _common_keys() -> dict[str, Key]:
     return {
         "method": Key("fedavg", "method to run (see the registry)"),  # choices filled in by schema()
         "dataset": Key("mnist5k", "dataset name", choices=tuple(DATASETS)),
+        "normalize": Key("dataset", "input scaling: the dataset's own mean/std, (x-0.5)/0.5 ('half', as PFLlib and "
+                         "Flower baselines), or [0, 1] ('unit')", choices=("dataset", "half", "unit")),
         "partition": Key("pathological", "how the data is split across clients", choices=tuple(PARTITIONS)),
         "model": Key("auto", "model architecture; auto picks one for the dataset", choices=("auto", *MODELS)),
         "num-server-rounds": Key(20, "federated rounds", low=1),
@@ -82,15 +86,27 @@ def _common_keys() -> dict[str, Key]:
         "weight-decay": Key(0.0, "local SGD weight decay", low=0.0),
         "fraction-train": Key(1.0, "fraction of clients that train each round", low=0.0, high=1.0, low_open=True),
         "min-replies": Key(1, "fewest valid replies a round needs to update the server state", low=1),
+        "reply-norm-bound": Key(100.0, "drop a reply whose record norm exceeds this many times the round's median "
+                                "norm (or the server state's); 0 = off", low=0.0),
         "eval-every": Key(1, "evaluate every this many rounds (and always after the last)", low=1),
         "results-dir": Key("results", "where runs write their results (an absolute path is safest)"),
         "run-name": Key("", "name of this run's results folder; empty = method-dataset-partition-seed-time"),
+        "resume": Key(False, "continue the run in results-dir/run-name from its last checkpoint"),
+        "overwrite": Key(False, "replace an existing results folder of the same run-name (else it is an error)"),
+        "checkpoint-keep": Key(2, "server checkpoints kept per run (one is written after every round)", low=1),
+        "client-state-dir": Key("", "where clients keep their state between rounds on disk; "
+                                "empty = results-dir/run-name/client-state (a node's state-dir node config wins)"),
         "data-dir": Key("", "cache for downloadable datasets; empty = ~/.cache/pfl-flower"),
         "device": Key("auto", "torch device for clients", choices=("auto", "cpu", "cuda")),
         "client-threads": Key(0, "torch threads per client process; 0 = OMP_NUM_THREADS, else all cores", low=0),
         "round-timeout": Key(3600, "seconds to wait for one round's replies", low=1),
         "node-wait-s": Key(60, "seconds to wait for all SuperNodes to connect at start", low=0),
-        "train-fraction": Key(0.75, "share of each client's data used for training", low=0.0, high=1.0, low_open=True),
+        "train-fraction": Key(0.75, "share of each client's data used for training (the rest is its test split)",
+                              low=0.0, high=1.0, low_open=True, high_open=True),
+        "faults.share": Key(0.0, "share of clients that misbehave on purpose in each training round (testing)",
+                            low=0.0, high=1.0),
+        "faults.kinds": Key("raise,hang,nan,shape,missing,wrong-pid,huge,overflow",
+                            "comma-separated fault kinds to inject (see clients/faults.py)"),
         "dirichlet.alpha": Key(0.1, "Dirichlet concentration", low=0.0, low_open=True),
         "dirichlet.min-size": Key(0, "minimum samples per client; 0 = PFLlib's min(40, N/clients/2)", low=0),
         "pathological.classes-per-client": Key(2, "classes per client", low=1),
@@ -156,6 +172,18 @@ def _refuse_unused_options(values: dict[str, Any], keys: dict[str, Key]) -> None
                               f"ignored; remove it or set {kind}='{section}'")
 
 
+FAULT_KINDS = ("raise", "hang", "nan", "shape", "missing", "wrong-pid", "huge", "overflow")  # clients/faults.py
+
+
+def parse_fault_kinds(text: str) -> tuple[str, ...]:
+    """The ``faults.kinds`` list; ConfigError for an unknown or empty one."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown or not kinds:
+        raise ConfigError(f"'faults.kinds' = {text!r}: unknown kind(s) {unknown}; choose from {', '.join(FAULT_KINDS)}")
+    return kinds
+
+
 class Config(Mapping):
     """A validated run config: every key present, typed and in range."""
 
@@ -173,6 +201,7 @@ class Config(Mapping):
             )
         values = {name: key.check(name, run_config.get(name, key.default)) for name, key in keys.items()}
         _refuse_unused_options(values, keys)
+        parse_fault_kinds(values["faults.kinds"])
         return cls(values)
 
     def __getitem__(self, key: str) -> Any:

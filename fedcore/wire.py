@@ -40,7 +40,8 @@ PHASES = ("handshake", "prepare", "train", "evaluate")
 # Config keys the base writes into every message; a strategy's own config values may not reuse them
 SERVER_ROUND = "server-round"
 PHASE = "phase"
-BASE_CONFIG_KEYS = (SERVER_ROUND, PHASE)
+RUN_TOKEN = "run-token"  # random per run, kept on resume: names the clients' state folders
+BASE_CONFIG_KEYS = (SERVER_ROUND, PHASE, RUN_TOKEN)
 
 # Metric keys
 PARTITION_ID = "partition-id"
@@ -81,15 +82,17 @@ def array_view(array: Array) -> np.ndarray:
         return array.numpy()  # raises Flower's own error for unknown serialisations
     data = array.data
     head = memoryview(data)
-    if bytes(head[:6]) != b"\x93NUMPY":
+    if len(head) < 10 or bytes(head[:6]) != b"\x93NUMPY":
         raise ValueError("array data is not in .npy format")
     major = head[6]
     if major == 1:
         header_len, start = int.from_bytes(head[8:10], "little"), 10
-    elif major in (2, 3):
+    elif major in (2, 3) and len(head) >= 12:
         header_len, start = int.from_bytes(head[8:12], "little"), 12
     else:
         raise ValueError(f"unsupported .npy format version {major}")
+    if start + header_len > len(head):
+        raise ValueError("array data ends inside its .npy header")
     dtype, shape, order = _npy_header(bytes(head[start:start + header_len]))
     count = math.prod(shape)
     offset = start + header_len
@@ -103,13 +106,16 @@ def array_view(array: Array) -> np.ndarray:
 def _npy_header(text: bytes) -> tuple[np.dtype, tuple[int, ...], str]:
     """(dtype, shape, order) of an .npy header; cached, since every client's copy of a tensor has the
     same header and parsing it costs more than viewing the data."""
-    header = ast.literal_eval(text.decode("latin1"))
-    if not isinstance(header, dict) or {"descr", "shape", "fortran_order"} - set(header):
-        raise ValueError("malformed .npy header")
-    dtype = np.dtype(header["descr"])
+    try:
+        header = ast.literal_eval(text.decode("latin1"))
+        if not isinstance(header, dict) or {"descr", "shape", "fortran_order"} - set(header):
+            raise ValueError
+        dtype = np.dtype(header["descr"])
+        shape = tuple(int(s) for s in header["shape"])
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise ValueError("malformed .npy header") from None
     if dtype.hasobject:
         raise ValueError("object arrays are not accepted")
-    shape = tuple(int(s) for s in header["shape"])
     if any(s < 0 for s in shape):
         raise ValueError(f"negative dimension in shape {shape}")
     return dtype, shape, "F" if header["fortran_order"] else "C"

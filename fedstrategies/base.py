@@ -25,7 +25,6 @@ point sums (and so whole runs) repeat exactly.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,8 +41,17 @@ from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import ModelFacts
 
-# A reply schema: record name -> {array key: expected shape, or None for "any shape"}.
-Schema = dict[str, dict[str, tuple[int, ...] | None]]
+@dataclass(frozen=True)
+class ArraySpec:
+    """An array a reply must carry: its exact shape (None: any) and its dtype kind ("f" float,
+    "i" signed int, "u", "b"; None: any). A plain shape tuple in a schema means any float or int."""
+
+    shape: tuple[int, ...] | None
+    kind: str | None = None
+
+
+# A reply schema: record name -> {array key: expected shape, ArraySpec, or None for "any array"}.
+Schema = dict[str, dict[str, "tuple[int, ...] | ArraySpec | None"]]
 Payload = dict[str, ArrayRecord | ConfigRecord | MetricRecord]
 
 
@@ -73,12 +81,17 @@ class ClientReply:
     metrics: dict
     arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     phase: str = "train"
+    norms: dict[str, float] = field(default_factory=dict)  # L2 norm of each record's float arrays
 
     def method_metrics(self) -> dict[str, float]:
         """The client's method-specific scalars (``m.*`` keys, prefix stripped)."""
         n = len(wire.METHOD_METRIC_PREFIX)
         return {k[n:]: v for k, v in self.metrics.items()
                 if k.startswith(wire.METHOD_METRIC_PREFIX) and isinstance(v, (int, float))}
+
+
+class ServerStateError(RuntimeError):
+    """The server state holds NaN or Inf: the run must stop as failed rather than go on from it."""
 
 
 def ceil_fraction(fraction: float, n: int) -> int:
@@ -117,6 +130,7 @@ class PersonalizedStrategy(Strategy):
         self.round_matrices: dict[str, np.ndarray] = {}  # filled by record_matrix, taken by the loop
         self._pending: dict[str, set[int]] = {}
         self._state_round: dict[int, int] = {}  # pid -> last round in which it saved client state
+        self.run_token = ""  # set by the ServerApp; clients keep their state on disk under it
 
     # ================================================================= hooks for methods
     def prepare_targets(self) -> list[int]:
@@ -202,6 +216,13 @@ class PersonalizedStrategy(Strategy):
         """
         return None
 
+    def reference_norm(self, record: str) -> float | None:
+        """The L2 norm a reply's ``record`` is expected to be near, from the current server state
+        (FedAvg: the global model's), or None when the state says nothing (then only the round's
+        other replies bound it). Replies beyond ``reply-norm-bound`` times the larger of this and the
+        round's median norm are dropped."""
+        return None
+
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> dict | None:
         """The method's server rule: update the server state from this round's valid replies.
 
@@ -249,8 +270,11 @@ class PersonalizedStrategy(Strategy):
         self.round_matrices[name] = np.asarray(matrix)
 
     def state_dict(self) -> dict:
-        """The strategy's state between rounds: ``checkpoint_attrs`` plus what the base tracks."""
-        state = {name: copy.deepcopy(getattr(self, name)) for name in self.checkpoint_attrs}
+        """The strategy's state between rounds: ``checkpoint_attrs`` plus what the base tracks.
+
+        The values are the live objects (no copies: a method may hold one model per client);
+        serialise the result before the strategy changes again, as the checkpoint writer does."""
+        state = {name: getattr(self, name) for name in self.checkpoint_attrs}
         base = {"dropped": list(self.dropped), "state_lost": list(self.state_lost),
                 "state_round": dict(self._state_round)}
         if "torch_generator" in self.__dict__:
@@ -258,13 +282,22 @@ class PersonalizedStrategy(Strategy):
         return {"method": state, "base": base}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a ``state_dict`` (freshly unpickled from a checkpoint, so not shared)."""
         for name, value in state["method"].items():
-            setattr(self, name, copy.deepcopy(value))
+            setattr(self, name, value)
         base = state["base"]
         self.dropped, self.state_lost = list(base["dropped"]), list(base["state_lost"])
         self._state_round = dict(base["state_round"])
         if "torch_generator" in base:
             self.torch_generator.set_state(base["torch_generator"])
+
+    def check_state_finite(self, where: str) -> None:
+        """Raise ``ServerStateError`` if any number in the server state is NaN or Inf, naming the
+        attribute: a run must fail loudly rather than continue from a poisoned state."""
+        for name in self.checkpoint_attrs:
+            if not _finite_tree(getattr(self, name, None)):
+                raise ServerStateError(f"{type(self).__name__}.{name} holds NaN or Inf after {where}; "
+                                       "the run stops rather than go on from it")
 
     def summary(self) -> None:
         log(INFO, "%s: %s clients, hyperparameters %s", type(self).__name__, len(self.clients), self.hp)
@@ -280,6 +313,7 @@ class PersonalizedStrategy(Strategy):
         valid = self.validate(0, "prepare", replies, self.prepare_schema)
         metrics = {"replies": len(valid), "dropped": len(self._pending["prepare"]) - len(valid)}
         extra = self.aggregate_prepare(valid) if valid else None
+        self.check_state_finite("round 0 aggregation")
         metrics.update(self._method_metrics(extra, valid))
         return MetricRecord(metrics)
 
@@ -302,6 +336,7 @@ class PersonalizedStrategy(Strategy):
                 server_round, len(valid), self.cfg["min-replies"])
             return None, MetricRecord(metrics)
         extra = self.aggregate(server_round, valid)
+        self.check_state_finite(f"round {server_round} aggregation")
         n = sum(r.num_examples for r in valid)
         losses = [(r.metrics.get(wire.TRAIN_LOSS), r.num_examples) for r in valid]
         if n > 0 and all(loss is not None for loss, _ in losses):
@@ -379,7 +414,8 @@ class PersonalizedStrategy(Strategy):
             clash = set(method_config) & set(wire.BASE_CONFIG_KEYS)
             if clash:
                 raise ValueError(f"{type(self).__name__}: config key(s) {sorted(clash)} belong to the base record")
-            config = ConfigRecord({wire.SERVER_ROUND: server_round, wire.PHASE: phase, **method_config})
+            config = ConfigRecord({wire.SERVER_ROUND: server_round, wire.PHASE: phase, wire.RUN_TOKEN: self.run_token,
+                                   **method_config})
             messages.append(Message(content=RecordDict({wire.CONFIG: config, **payload}),
                                     dst_node_id=self.node_of[pid], message_type=message_type,
                                     group_id=str(server_round)))
@@ -415,9 +451,35 @@ class PersonalizedStrategy(Strategy):
         for pid in sorted(self._pending.get(phase, set()) - answered):
             self._drop(server_round, phase, pid, "no reply (timed out or node gone)")
         ordered = [valid[pid] for pid in sorted(valid)]
+        if phase != "evaluate" and self.cfg["reply-norm-bound"] > 0:
+            ordered = self._bound_norms(server_round, phase, ordered)
         for reply in ordered:
             self._track_state(server_round, phase, reply)
         return ordered
+
+    def _bound_norms(self, server_round: int, phase: str, replies: list[ClientReply]) -> list[ClientReply]:
+        """Drop replies whose record norms are absurd: beyond ``reply-norm-bound`` times the larger of
+        the round's (lower) median norm and the state's ``reference_norm``. The median keeps one
+        hostile client from setting the scale; the bound holds while fewer than half the replies of
+        a round are absurd, and the reference covers rounds with only one or two replies."""
+        bound = self.cfg["reply-norm-bound"]
+        keep = list(replies)
+        for record in sorted({name for r in replies for name in r.norms}):
+            norms = sorted(r.norms[record] for r in keep if record in r.norms)
+            if not norms:
+                continue
+            median = norms[(len(norms) - 1) // 2]
+            reference = self.reference_norm(record) or 0.0
+            scale = max(median, reference)
+            if scale <= 0:
+                continue
+            limit = bound * scale
+            for r in [r for r in keep if r.norms.get(record, 0.0) > limit]:
+                self._drop(server_round, phase, r.pid,
+                           f"{record} has norm {r.norms[record]:.3g}, beyond {bound:g} x {scale:.3g} (the round's "
+                           f"median {median:.3g}, the server state's {reference:.3g}); see reply-norm-bound")
+                keep.remove(r)
+        return keep
 
     def _track_state(self, server_round: int, phase: str, reply: ClientReply) -> None:
         """Warn when a client that kept state comes back without it (a restarted SuperNode)."""
@@ -446,12 +508,21 @@ class PersonalizedStrategy(Strategy):
             values = value if isinstance(value, list) else [value]
             if not all(math.isfinite(v) for v in values):
                 return f"non-finite metric {key!r}", None
+        for key in (wire.PARTITION_ID, wire.NUM_EXAMPLES, wire.CORRECT):
+            if key in metrics and (isinstance(metrics[key], list) or float(metrics[key]) != int(metrics[key])):
+                return f"metric {key!r} must be an integer, got {metrics[key]!r}", None
         pid = int(metrics[wire.PARTITION_ID])
         if self.pid_of.get(node) != pid:
             return f"partition id {pid} does not match node {node} (expected {self.pid_of.get(node)})", None
-        if metrics[wire.NUM_EXAMPLES] < 0:
-            return "negative num-examples", None
+        n = int(metrics[wire.NUM_EXAMPLES])
+        info = self.clients[pid]
+        most = info.num_test if wire.CORRECT in required_metrics else info.num_train
+        if not 0 <= n <= most:
+            return f"num-examples {n} is outside 0..{most} (what the client declared at the handshake)", None
+        if wire.CORRECT in metrics and not 0 <= int(metrics[wire.CORRECT]) <= n:
+            return f"correct = {metrics[wire.CORRECT]} is outside 0..{n}", None
         arrays: dict[str, dict[str, np.ndarray]] = {}
+        norms: dict[str, float] = {}
         for record_name, keys in schema_of(pid).items():
             record = content.get(record_name)
             if not isinstance(record, ArrayRecord):
@@ -464,27 +535,56 @@ class PersonalizedStrategy(Strategy):
                     array = wire.array_view(record[key])
                 except (ValueError, TypeError) as err:
                     return f"{record_name}/{key} cannot be read: {err}", None
-                if shape is not None and tuple(array.shape) != tuple(shape):
-                    return f"{record_name}/{key} has shape {tuple(array.shape)}, expected {tuple(shape)}", None
-                problem = _nonfinite(array) if array.dtype.kind in "fc" else None
-                if problem:
-                    return f"{record_name}/{key} {problem}", None
+                spec = shape if isinstance(shape, ArraySpec) else ArraySpec(shape)
+                if spec.shape is not None and tuple(array.shape) != tuple(spec.shape):
+                    return f"{record_name}/{key} has shape {tuple(array.shape)}, expected {tuple(spec.shape)}", None
+                if spec.kind is not None and array.dtype.kind != spec.kind:
+                    return f"{record_name}/{key} has dtype {array.dtype}, expected kind {spec.kind!r}", None
+                if array.dtype.kind not in "fiub":
+                    return f"{record_name}/{key} has dtype {array.dtype}, not a number", None
+                if array.dtype.kind in "fc":
+                    problem, squared = _nonfinite(array)
+                    if problem:
+                        return f"{record_name}/{key} {problem}", None
+                    norms[record_name] = norms.get(record_name, 0.0) + squared
                 arrays[record_name][key] = array
-        return None, ClientReply(pid, node, int(metrics[wire.NUM_EXAMPLES]), metrics, arrays)
+        norms = {name: math.sqrt(value) for name, value in norms.items()}
+        return None, ClientReply(pid, node, n, metrics, arrays, norms=norms)
 
 
-def _nonfinite(array: np.ndarray) -> str | None:
-    """NaN/Inf check in one pass and without a temporary: a dot product propagates them, and it
-    overflows for float32 values beyond about 1e19, which no model holds. The exact element check
-    runs only when the dot product is not finite, to say which of the two it was."""
+def _nonfinite(array: np.ndarray) -> tuple[str | None, float]:
+    """(problem, squared norm) in one pass without a temporary: a dot product propagates NaN/Inf,
+    and it overflows for float32 values beyond about 1e19, which no model holds. The exact element
+    check runs only when the dot product is not finite, to say which of the two it was."""
     flat = array.reshape(-1)
-    if flat.size == 0 or np.isfinite(np.dot(flat, flat)):
-        return None
+    if flat.size == 0:
+        return None, 0.0
+    squared = float(np.real(np.vdot(flat, flat)))
+    if math.isfinite(squared):
+        return None, squared
     if not np.isfinite(flat).all():
-        return "contains NaN or Inf"
-    return "holds values so large that its norm overflows"
+        return "contains NaN or Inf", squared
+    return "holds values so large that its norm overflows", squared
 
 
-def weights_schema(weights: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
-    """Schema entry for a ``weights`` record: exactly these tensors, with these shapes."""
-    return {key: tuple(value.shape) for key, value in weights.items()}
+def _finite_tree(value) -> bool:
+    """True when every float in a nested structure of dicts, lists, arrays and tensors is finite."""
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind not in "fc" or _nonfinite(value)[0] is None
+    if isinstance(value, dict):
+        return all(_finite_tree(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite_tree(v) for v in value)
+    if isinstance(value, (float, np.floating)):
+        return math.isfinite(value)
+    if hasattr(value, "detach") and hasattr(value, "is_floating_point"):  # a torch tensor
+        return not value.is_floating_point() or bool(value.detach().isfinite().all())
+    if hasattr(value, "state_dict") and callable(value.state_dict):  # a torch module or optimiser
+        return _finite_tree(value.state_dict())
+    return True
+
+
+def weights_schema(weights: dict[str, np.ndarray]) -> dict[str, ArraySpec]:
+    """Schema entry for a ``weights`` record: exactly these tensors, with these shapes and dtype kinds
+    (an integer tensor sent as float, or the reverse, would change how it is averaged)."""
+    return {key: ArraySpec(tuple(value.shape), value.dtype.kind) for key, value in weights.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from fedcore import wire
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
@@ -37,6 +39,11 @@ class FedAvgStrategy(PersonalizedStrategy):
 
     def reply_schema(self, pid):
         return {wire.WEIGHTS: weights_schema(self.global_weights)}
+
+    def reference_norm(self, record):
+        if record != wire.WEIGHTS:
+            return None
+        return float(np.sqrt(sum(float(np.vdot(v, v)) for v in self.global_weights.values() if v.dtype.kind == "f")))
 
     def aggregate(self, server_round, replies):
         self.global_weights = weighted_average((r.arrays[wire.WEIGHTS] for r in replies),

@@ -60,6 +60,14 @@ class FedProtoStrategy(PersonalizedStrategy):
         width = self.model.feature_dim if self.protos is None else self.protos.shape[1]
         return check_class_features(reply.arrays[wire.CLASS_FEATURES], self.num_classes, width)
 
+    def reference_norm(self, record):
+        """Class features are bounded by the global prototypes' scale, row for row: a client's
+        upload of K rows is expected near sqrt(K / K_global) times their norm; the round's median
+        (the base's rule) covers the first round."""
+        if self.protos is None or not len(self.protos):
+            return None
+        return float(np.linalg.norm(self.protos))
+
     def aggregate(self, server_round, replies):
         parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
         new = aggregate_class_features(

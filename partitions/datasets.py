@@ -104,16 +104,33 @@ def _mnist5k_raw(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _load_digits(**_) -> Dataset:
+NORMALIZE = ("dataset", "half", "unit")
+
+
+def _stats(normalize: str, mean: tuple, std: tuple) -> tuple[tuple, tuple]:
+    """Mean and std to standardise with: the dataset's own (default), (x - 0.5) / 0.5 as PFLlib and
+    Flower's baselines do, or plain [0, 1] pixels. A split replayed with the ``file`` partition matches
+    another library's input exactly only when this matches too."""
+    if normalize == "dataset":
+        return mean, std
+    if normalize == "half":
+        return (0.5,) * len(mean), (0.5,) * len(mean)
+    if normalize == "unit":
+        return (0.0,) * len(mean), (1.0,) * len(mean)
+    raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, got {normalize!r}")
+
+
+def _load_digits(*, normalize: str = "dataset", **_) -> Dataset:
     images, y = _digits_raw()
-    # fixed statistics of load_digits / 16 over all pixels, so every client normalises alike
-    x = ((images / 16.0 - 0.30526) / 0.37605).astype(np.float32)
+    # default: fixed statistics of load_digits / 16 over all pixels, so every client normalises alike
+    (mean,), (std,) = _stats(normalize, (0.30526,), (0.37605,))
+    x = ((images / 16.0 - mean) / std).astype(np.float32)
     return Dataset("digits", x, y.copy(), 10)
 
 
-def _load_mnist5k(*, data_dir: str, **_) -> Dataset:
+def _load_mnist5k(*, data_dir: str, normalize: str = "dataset", **_) -> Dataset:
     x, y = _mnist5k_raw(data_dir)
-    return Dataset("mnist5k", _standardise(x, (0.1307,), (0.3081,)), y.copy(), 10)
+    return Dataset("mnist5k", _standardise(x, *_stats(normalize, (0.1307,), (0.3081,))), y.copy(), 10)
 
 
 # ---------------------------------------------------------------- synthetic
@@ -121,11 +138,13 @@ def _load_mnist5k(*, data_dir: str, **_) -> Dataset:
 SYNTHETIC_DEFAULTS = {"alpha": 0.5, "beta": 0.5, "dim": 60, "classes": 10}
 
 
-def _load_synthetic(*, num_clients: int, seed: int, params: dict, **_) -> Dataset:
+def _load_synthetic(*, num_clients: int, seed: int, params: dict, normalize: str = "dataset", **_) -> Dataset:
     """Synthetic(alpha, beta) of FedProx/pFedMe: one user per client, own model and input mean.
 
     alpha and beta are standard deviations (np.random.normal's scale), as in the reference code.
     """
+    if normalize != "dataset":
+        raise ValueError("synthetic features are not pixels: normalize must be 'dataset' (no rescaling)")
     alpha, beta = float(params["alpha"]), float(params["beta"])
     dim, classes = int(params["dim"]), int(params["classes"])
     if num_clients < 1 or dim < 1 or classes < 2 or alpha < 0 or beta < 0:
@@ -269,10 +288,10 @@ def _download_raw(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.
     return _npz_cached(os.path.join(data_dir, f"{name}.npz"), lambda: _fetch(name, data_dir))
 
 
-def _load_download(name: str, *, data_dir: str, **_) -> Dataset:
+def _load_download(name: str, *, data_dir: str, normalize: str = "dataset", **_) -> Dataset:
     x, y, groups = _download_raw(name, data_dir)
     spec = _HUB[name]
-    return Dataset(name, _standardise(x, spec.mean, spec.std), y.copy(),
+    return Dataset(name, _standardise(x, *_stats(normalize, spec.mean, spec.std)), y.copy(),
                    DATASETS[name].num_classes, None if groups is None else groups.copy())
 
 
@@ -295,12 +314,13 @@ _LOADERS: dict[str, Callable[..., Dataset]] = {
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(name: str, num_clients: int, seed: int, data_dir: str, params: tuple) -> Dataset:
-    return _LOADERS[name](num_clients=num_clients, seed=seed, data_dir=data_dir, params=dict(params))
+def _load_cached(name: str, num_clients: int, seed: int, data_dir: str, params: tuple, normalize: str) -> Dataset:
+    return _LOADERS[name](num_clients=num_clients, seed=seed, data_dir=data_dir, params=dict(params),
+                          normalize=normalize)
 
 
 def load_dataset(name: str, *, num_clients: int, seed: int, data_dir: str = "",
-                 params: dict | None = None) -> Dataset:
+                 params: dict | None = None, normalize: str = "dataset") -> Dataset:
     """Load (once per process) the pool called ``name``; the result is shared, do not mutate it."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(DATASETS)}")
@@ -317,4 +337,4 @@ def load_dataset(name: str, *, num_clients: int, seed: int, data_dir: str = "",
         key = (0, 0, os.path.abspath(os.path.expanduser(data_dir or DEFAULT_DATA_DIR)), ())
     else:
         key = (0, 0, "", ())
-    return _load_cached(name, *key)
+    return _load_cached(name, *key, normalize)

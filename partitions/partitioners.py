@@ -63,7 +63,13 @@ DEFAULT_PARAMS: dict = {
 }
 
 
-def _coerce(key: str, value):
+def _run_config_key(partition: str, key: str) -> str:
+    """The run-config key a user sets for a partitioner option (what error messages must name)."""
+    return {"train-fraction": "train-fraction", "pairs-mode": "pairs.mode", "file": "file.path"}.get(
+        key, f"{partition}.{key}")
+
+
+def _coerce(key: str, value, partition: str = "partition"):
     """Run-config values may arrive as strings; coerce to the default's type or fail clearly."""
     kind = type(DEFAULT_PARAMS[key])
     try:
@@ -80,15 +86,15 @@ def _coerce(key: str, value):
             return int(as_float)
         return kind(value)
     except (TypeError, ValueError):
-        raise PartitionError(f"partition.{key} must be a {kind.__name__}, got {value!r}") from None
+        raise PartitionError(f"{_run_config_key(partition, key)!r} must be a {kind.__name__}, got {value!r}") from None
 
 
-def _parse_params(params: dict | None) -> dict:
+def _parse_params(params: dict | None, partition: str = "partition") -> dict:
     params = dict(params or {})
     unknown = sorted(set(params) - set(DEFAULT_PARAMS))
     if unknown:
         raise PartitionError(f"unknown partition params {unknown}; valid: {', '.join(DEFAULT_PARAMS)}")
-    return DEFAULT_PARAMS | {k: _coerce(k, v) for k, v in params.items()}
+    return DEFAULT_PARAMS | {k: _coerce(k, v, partition) for k, v in params.items()}
 
 
 def _group(indices: np.ndarray, owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
@@ -113,7 +119,7 @@ def _iid(ds: Dataset, n: int, rng: np.random.Generator, p: dict) -> list[np.ndar
 def _dirichlet_split(indices, labels, n, alpha, min_size, self_balance, rng, scheme):
     """Per class q ~ Dir(alpha), split by cumsum; resample until every client has min_size."""
     if not alpha > 0:
-        raise PartitionError(f"{scheme}: partition.alpha must be > 0, got {alpha}")
+        raise PartitionError(f"{scheme}: '{scheme}.alpha' must be > 0, got {alpha}")
     members = [indices[labels == c] for c in np.unique(labels)]
     cap = len(indices) / n  # self-balancing threshold of PFLlib
     best = 0
@@ -136,7 +142,7 @@ def _dirichlet_split(indices, labels, n, alpha, min_size, self_balance, rng, sch
     raise PartitionError(
         f"{scheme}: after {MAX_ATTEMPTS} attempts no split gave every client >= {min_size:g} samples "
         f"(alpha={alpha:g}, {n} clients, {len(indices)} samples; the best attempt's smallest client had "
-        f"{best}). Raise partition.alpha, lower partition.min-size, or use fewer clients.")
+        f"{best}). Raise '{scheme}.alpha', lower '{scheme}.min-size', or use fewer clients.")
 
 
 def _dirichlet(ds, n, rng, p):
@@ -149,7 +155,7 @@ def _longtail_dirichlet(ds, n, rng, p):
     """Class k keeps floor(n_max * IF^(-k/(K-1))) random samples (capped at what it has)."""
     imb = p["imbalance-factor"]
     if imb < 1:
-        raise PartitionError(f"longtail-dirichlet: partition.imbalance-factor must be >= 1, got {imb}")
+        raise PartitionError(f"longtail-dirichlet: 'longtail-dirichlet.imbalance-factor' must be >= 1, got {imb}")
     K = ds.num_classes
     members = _by_class(ds.y, K)
     avail = np.array([len(m) for m in members])
@@ -169,7 +175,7 @@ def _pathological(ds, n, rng, p):
     c = p["classes-per-client"]
     present = np.flatnonzero(np.bincount(ds.y, minlength=ds.num_classes))
     if not 1 <= c <= len(present):
-        raise PartitionError(f"pathological: partition.classes-per-client must be in 1..{len(present)} "
+        raise PartitionError(f"pathological: 'pathological.classes-per-client' must be in 1..{len(present)} "
                              f"(classes present), got {c}")
     # consecutive slots i*c+j over a seeded class order: distinct classes per client and each class
     # held by floor or ceil(n*c/C) clients
@@ -200,7 +206,7 @@ def _pathological(ds, n, rng, p):
 def _pfedpm_nk(ds, n, rng, p):
     C, s = ds.num_classes, p["stdev"]
     if s < 0 or p["k"] < 1:
-        raise PartitionError(f"pfedpm-nk: need partition.k >= 1 and partition.stdev >= 0, got "
+        raise PartitionError(f"pfedpm-nk: need 'pfedpm-nk.k' >= 1 and 'pfedpm-nk.stdev' >= 0, got "
                              f"k={p['k']}, stdev={s}")
     lo_n, hi_n = max(2, p["n"] - s), min(C - 1, p["n"] + s)
     lo_k, hi_k = max(1, min(p["k"] - s + 1, p["k"])), p["k"] + s  # stdev 0 means exactly n and k
@@ -220,8 +226,8 @@ def _pfedpm_nk(ds, n, rng, p):
     short = np.flatnonzero(need > have)
     if len(short):
         detail = "; ".join(f"class {c} needs {need[c]} samples, the dataset has {have[c]}" for c in short)
-        raise PartitionError(f"pfedpm-nk: not enough samples: {detail}. Lower partition.k or "
-                             f"partition.n, or use fewer clients.")
+        raise PartitionError(f"pfedpm-nk: not enough samples: {detail}. Lower 'pfedpm-nk.k' or "
+                             f"'pfedpm-nk.n', or use fewer clients.")
     parts, owners = [], []
     for cls in range(C):
         holders = np.flatnonzero(chosen[:, cls])
@@ -234,7 +240,7 @@ def _pfedpm_nk(ds, n, rng, p):
 def _pairs(ds, n, rng, p):
     mode, C = p["pairs-mode"], ds.num_classes
     if mode not in ("disjoint", "cyclic"):
-        raise PartitionError(f"pairs: partition.pairs-mode must be 'disjoint' or 'cyclic', got {mode!r}")
+        raise PartitionError(f"pairs: 'pairs.mode' must be 'disjoint' or 'cyclic', got {mode!r}")
     users = np.arange(n)
     labels = ((2 * users if mode == "disjoint" else users)[:, None] + np.arange(2)) % C
     members = _by_class(ds.y, C)
@@ -273,6 +279,8 @@ def _natural(ds, n, rng, p):
 
 
 def _as_indices(value, where: str, size: int) -> np.ndarray:
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise PartitionError(f"split file: {where} must be a list of integers (no booleans or floats)")
     arr = np.asarray(value)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise PartitionError(f"split file: {where} must be a list of integers")
@@ -286,7 +294,7 @@ def _as_indices(value, where: str, size: int) -> np.ndarray:
 def _file(ds, n, rng, p) -> list[ClientSplit]:
     path = p["file"]
     if not path:
-        raise PartitionError("file: set partition.file to the JSON split file (see partitions/FILE_FORMAT.md)")
+        raise PartitionError("file: set 'file.path' to the JSON split file (see partitions/FILE_FORMAT.md)")
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -351,7 +359,7 @@ def _build_cached(dataset: Dataset, partition: str, n: int, seed: int, items: tu
                                      f"{len(s.train)} train and {len(s.test)} test samples; need >= 1 each")
         return tuple(out)
     if not 0 < p["train-fraction"] < 1:
-        raise PartitionError(f"partition.train-fraction must be in (0, 1), got {p['train-fraction']}")
+        raise PartitionError(f"'train-fraction' must be in (0, 1), got {p['train-fraction']}")
     return tuple(_train_test(out, p["train-fraction"], np.random.default_rng(split_seq), partition))
 
 
@@ -360,7 +368,7 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
     """Deterministic per-client train/test indices; cached per process (every client calls it)."""
     if partition not in PARTITIONS:
         raise PartitionError(f"unknown partition '{partition}'; valid: {', '.join(PARTITIONS)}")
-    p = _parse_params(params)
+    p = _parse_params(params, partition)
     n, total = int(num_clients), len(dataset.y)
     if n < 1:
         raise PartitionError(f"num_clients must be >= 1, got {num_clients}")

@@ -13,7 +13,9 @@ done outside it.
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from logging import INFO, WARNING
 
 import numpy as np
@@ -26,7 +28,8 @@ from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import get_method
 from fedstrategies.base import ClientInfo
-from server_app.results import ResultsWriter, format_summary
+from server_app import checkpoints
+from server_app.results import ResultsWriter, format_summary, run_folder
 
 app = ServerApp()
 
@@ -38,6 +41,15 @@ class StartupError(RuntimeError):
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     run_experiment(grid, Config.from_run_config(context.run_config))
+
+
+def _started_at() -> float:
+    """Wall-clock time the user's command started: the launcher passes it (PFL_LAUNCH_T0); under a
+    plain ``flwr run`` or in process it is this ServerApp's own start."""
+    try:
+        return float(os.environ["PFL_LAUNCH_T0"])
+    except (KeyError, ValueError):
+        return time.time()
 
 
 def connect_clients(grid: Grid, cfg: Config) -> tuple[dict[int, ClientInfo], tuple[int, ...], int]:
@@ -115,13 +127,43 @@ def _method_columns(metrics, prefix: str) -> dict:
     return out
 
 
+def _resume_point(cfg: Config) -> tuple[object, dict | None]:
+    """The run folder and, with ``resume``, the checkpoint to continue from (checked against the config)."""
+    folder = run_folder(cfg)
+    if not cfg["resume"]:
+        return folder, None
+    checkpoint = checkpoints.latest(folder)
+    if checkpoint is None:
+        raise StartupError(f"resume: no readable checkpoint in {folder / checkpoints.FOLDER}")
+    changed = checkpoints.config_changes(checkpoint["config"], cfg.to_dict())
+    if changed:
+        raise StartupError(f"resume: the run config differs from the checkpoint's in {', '.join(changed)}; "
+                           "a resumed run must be the same experiment")
+    if checkpoint["round"] >= cfg["num-server-rounds"]:
+        raise StartupError(f"resume: the checkpoint is of round {checkpoint['round']}, the run has "
+                           f"num-server-rounds={cfg['num-server-rounds']}: nothing left to do")
+    return folder, checkpoint
+
+
+def _check_same_clients(clients: dict[int, ClientInfo], saved: dict[int, ClientInfo]) -> None:
+    for pid, info in saved.items():
+        now = clients.get(pid)
+        if now is None:
+            log(WARNING, "resume: client %s of the interrupted run has not connected; going on without it", pid)
+        elif (now.num_train, now.num_test) != (info.num_train, info.num_test):
+            raise StartupError(f"resume: client {pid} now holds {now.num_train}/{now.num_test} train/test samples, "
+                               f"{info.num_train}/{info.num_test} before: not the same data")
+
+
 def run_experiment(grid: Grid, cfg: Config) -> dict:
-    """Run one federated experiment end to end and return its summary."""
+    """Run one federated experiment end to end (or continue one with ``resume``) and return its summary."""
+    t0 = _started_at()
     method = get_method(cfg.method)
     log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s", cfg.method, cfg["dataset"],
         cfg["partition"], cfg["num-server-rounds"], cfg["seed"])
+    folder, checkpoint = _resume_point(cfg)
     clients, input_shape, num_classes = connect_clients(grid, cfg)
-    writer = ResultsWriter(cfg)
+    writer = ResultsWriter(cfg, folder, resume=checkpoint["writer"] if checkpoint else None)
     log(INFO, "%s clients connected; results go to %s", len(clients), writer.dir)
     pids = list(clients)
     writer.write_label_counts(pids, np.stack([clients[p].train_label_counts for p in pids]),
@@ -130,10 +172,24 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     strategy = method.strategy(cfg, clients, model_facts(cfg["model"], input_shape, num_classes, cfg["seed"]))
     strategy.summary()
     timeout = cfg["round-timeout"]
+    first_round = 1
+    if checkpoint is not None:
+        _check_same_clients(clients, checkpoint["clients"])
+        strategy.load_state_dict(checkpoint["strategy"])
+        strategy.run_token = checkpoint["token"]
+        first_round = checkpoint["round"] + 1
+        log(WARNING, "resuming from the checkpoint of round %s", checkpoint["round"])
+    else:
+        strategy.run_token = uuid.uuid4().hex
+
+    def save_checkpoint(server_round: int) -> None:
+        checkpoints.save(writer.dir, server_round, {
+            "token": strategy.run_token, "strategy": strategy.state_dict(), "writer": writer.state(),
+            "config": cfg.to_dict(), "clients": clients}, cfg["checkpoint-keep"])
 
     # round 0: the preparation phase, for methods that ask for one
     start = time.monotonic()
-    msgs = strategy.configure_prepare(grid)
+    msgs = strategy.configure_prepare(grid) if first_round == 1 else []
     if msgs:
         replies, _ = _exchange(grid, msgs, timeout)
         metrics = strategy.aggregate_prepare_replies(replies)
@@ -142,13 +198,15 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
         row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies))
         writer.add_round(row, None, strategy.round_matrices)
         strategy.round_matrices = {}
+        save_checkpoint(0)
         log(INFO, "[round 0] preparation: %s replies (dropped %s)  %.2f s", row["replies"], row["dropped"],
             row["wall_s"])
 
     empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
     rounds = cfg["num-server-rounds"]
-    for rnd in range(1, rounds + 1):
+    for rnd in range(first_round, rounds + 1):
         start = time.monotonic()
+        startup = time.time() - t0 if rnd == first_round else ""
         msgs = list(strategy.configure_train(rnd, empty_arrays, empty_config, grid))
         replies, _ = _exchange(grid, msgs, timeout)
         lost_before = len(strategy.state_lost)
@@ -158,6 +216,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
                "state_round_min": train_metrics.get("state-round-min", ""),
                **_method_columns(train_metrics, "m_")}
         evaluation, eval_msgs = None, []
+        eval_start = time.monotonic()
         if rnd % cfg["eval-every"] == 0 or rnd == rounds:
             eval_msgs = list(strategy.configure_evaluate(rnd, empty_arrays, empty_config, grid))
             eval_replies, _ = _exchange(grid, eval_msgs, timeout)
@@ -167,14 +226,22 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
                            acc_client_std=evaluation["acc-client-std"], loss=evaluation["loss"],
                            eval_clients=evaluation["eval-clients"], **_method_columns(evaluation, "eval_"))
         row["wall_s"] = time.monotonic() - start
+        row["eval_s"] = time.monotonic() - eval_start if eval_msgs else ""
+        row["startup_s"] = startup
         row["state_lost"] = len(strategy.state_lost) - lost_before
         row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies), eval_bytes_down=_bytes(eval_msgs))
         writer.add_round(row, evaluation, strategy.round_matrices)
         strategy.round_matrices = {}
+        save_checkpoint(rnd)
         acc = f"{100 * row['acc_weighted']:.2f}%" if "acc_weighted" in row else "-"
-        log(INFO, "[round %s/%s] acc %s  train-loss %s  replies %s (dropped %s)  %.2f s", rnd, rounds, acc,
-            f"{row['train_loss']:.4f}" if row["train_loss"] != "" else "-", row["replies"], row["dropped"],
-            row["wall_s"])
+        done = [r["wall_s"] for r in writer.rounds if r["round"] >= 1]
+        eta = sum(done) / len(done) * (rounds - rnd)
+        log(INFO, "[round %s/%s] acc %s  train-loss %s  replies %s (dropped %s)  %.2f s  elapsed %.0f s  left ~%.0f s",
+            rnd, rounds, acc, f"{row['train_loss']:.4f}" if row["train_loss"] != "" else "-", row["replies"],
+            row["dropped"], row["wall_s"], writer.elapsed(), eta)
     summary = writer.finish(len(clients), strategy.dropped)
-    log(INFO, "\n%s", format_summary(summary))
+    if os.environ.get("PFL_LAUNCHER"):  # the launcher prints the table itself, once
+        log(INFO, "results: %s", summary["results_dir"])
+    else:
+        log(INFO, "\n%s", format_summary(summary))
     return summary

@@ -79,9 +79,45 @@ def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float = 
     raise RuntimeError(f"flower-superlink did not become ready in {timeout:.0f} s; see {log}")
 
 
+# Lines Flower prints on every simulation that are not true for runs started here: the launcher
+# always sets the federation size and its own configuration, and never needs `flwr federation`.
+NOISE = (
+    "Flower configuration not found",
+    "default simulated SuperNodes changed",
+    "To change federation size, use the following command",
+    "flwr federation simulation-config",
+    "Ray will no longer override accelerator visible devices",
+    "warnings.warn(",
+)
+LOCAL_CONFIG = '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+
+
 def flwr(*args: str, env: dict, cwd: Path, capture: bool = False, timeout: float | None = None):
     return subprocess.run([bin_path("flwr"), *args], cwd=cwd, env=env, text=True, capture_output=capture,
                           timeout=timeout)
+
+
+def flwr_streamed(*args: str, env: dict, cwd: Path, timeout: float | None = None) -> int:
+    """``flwr ...`` with its output passed through, less Flower's lines in ``NOISE``; the child is
+    stopped if this process is interrupted (a signal, Ctrl-C) or the timeout passes."""
+    proc = subprocess.Popen([bin_path("flwr"), *args], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, bufsize=1)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            if not any(noise in line for noise in NOISE):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        return proc.wait(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def list_runs(*connection: str, env: dict, cwd: Path) -> list[dict]:
@@ -114,12 +150,56 @@ def run_result(runs: list[dict], config: dict) -> dict:
             "results_dir": str(result_dir), "run_id": run.get("run-id")}
 
 
-def report(result: dict, label: str) -> int:
-    """Print the status line and the results table; exit status 0 only for a completed run."""
+def verdict(result: dict, min_replies: int = 1) -> str | None:
+    """Why a run must not count as a success, or None: it failed, wrote no summary, evaluated nothing
+    in its last round, or its last evaluation heard from fewer than ``min-replies`` clients."""
+    if result["status"] != "finished:completed":
+        return f"the run ended {result['status']}"
+    summary = result["summary"]
+    if summary is None:
+        return "the run wrote no summary"
+    if summary.get("final_acc") is None:
+        return "no evaluation of the last round succeeded"
+    if (summary.get("final_eval_clients") or 0) < min_replies:
+        return f"the last evaluation heard from {summary.get('final_eval_clients')} clients, fewer than " \
+               f"min-replies={min_replies}"
+    return None
+
+
+def report(result: dict, label: str, min_replies: int = 1) -> int:
+    """Print the status line and the results table; exit status 0 only for a run that truly succeeded."""
     print(f"\n{label} {result['run_id']}: {result['status']} {result['details']}".rstrip())
     if result["summary"]:
         print(format_summary(result["summary"]))
-    return 0 if result["status"] == "finished:completed" else 1
+    problem = verdict(result, min_replies)
+    if problem:
+        print(f"NOT a success: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT reached the launcher: stop what it started, then exit."""
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGINT into ``Interrupted`` so that every ``with`` block stops its processes."""
+    def handler(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def check_config(run_config: dict, app_dir: Path) -> dict:
+    """Validate a run config (pyproject defaults + overrides) and its results folder before any
+    process starts; raises ConfigError / RunFolderError with the key or folder named."""
+    from fedcore.config import Config
+    from server_app.results import run_folder
+
+    cfg = Config.from_run_config({**pyproject_run_config(app_dir), **run_config})
+    run_folder(cfg)
+    return cfg
 
 
 def toml_overrides(config: dict) -> str:

@@ -12,6 +12,7 @@ prints the summary table. Exit status 0 only for ``finished:completed``.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -19,19 +20,24 @@ from pathlib import Path
 
 from server_app import flower_cli as fc
 
+COMMAND_T0 = time.time()  # when this command started: start-up time is measured from here
+
 
 class LocalSimulationLink:
     """A private ``flower-superlink --simulation`` that this process starts and stops."""
 
-    def __init__(self, app_dir: Path, flwr_home: Path):
+    def __init__(self, app_dir: Path, flwr_home: Path, started: float | None = None):
         self.app_dir = app_dir
         self.home = flwr_home
         self.port = fc.free_port()
-        self.env = fc.flower_env(flwr_home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.port))
+        # PFL_LAUNCHER: the ServerApp leaves the summary table to the launcher (printed once)
+        self.env = fc.flower_env(flwr_home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.port), PFL_LAUNCHER="1",
+                                 PFL_LAUNCH_T0=str(started or time.time()))
         self.proc = None
 
     def __enter__(self) -> LocalSimulationLink:
         self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(fc.LOCAL_CONFIG)
         log_file = self.home / "superlink.log"
         cmd = [fc.bin_path("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
                "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(log_file),
@@ -57,19 +63,28 @@ class LocalSimulationLink:
 
 def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = Path("."),
              cpus_per_client: int = 1, gpus_per_client: float = 0.0, stream: bool = True,
-             timeout: float = 7200, flwr_home: Path | None = None) -> dict:
-    """Run one simulation; returns {"status", "details", "summary" (or None), "results_dir", "run_id"}."""
+             timeout: float = 7200, flwr_home: Path | None = None, started: float | None = None) -> dict:
+    """Run one simulation; returns {"status", "details", "summary" (or None), "results_dir", "run_id",
+    "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts."""
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
+    cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
     federation = (f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client} "
                   f"client-resources-num-gpus={gpus_per_client}")
     home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    with LocalSimulationLink(app_dir, home) as link:
-        args = ["run", str(app_dir), "--run-config", fc.toml_overrides(config), "--federation-config", federation]
-        link.flwr(*args, *(["--stream"] if stream else []), timeout=timeout)
-        # without --stream flwr returns after submitting: wait for the run to finish
-        runs = link.runs() if stream else _wait_finished(link, timeout)
-    return fc.run_result(runs, config)
+    try:
+        with LocalSimulationLink(app_dir, home, started or time.time()) as link:
+            args = ["run", str(app_dir), "--run-config", fc.toml_overrides(config), "--federation-config", federation]
+            if stream:
+                fc.flwr_streamed(*args, "--stream", env=link.env, cwd=app_dir, timeout=timeout)
+                runs = link.runs()
+            else:  # flwr returns after submitting: wait for the run to finish
+                link.flwr(*args, timeout=timeout)
+                runs = _wait_finished(link, timeout)
+    finally:
+        if flwr_home is None:
+            shutil.rmtree(home, ignore_errors=True)
+    return {**fc.run_result(runs, config), "min_replies": cfg["min-replies"]}
 
 
 def _wait_finished(link: LocalSimulationLink, timeout: float) -> list[dict]:
@@ -82,17 +97,49 @@ def _wait_finished(link: LocalSimulationLink, timeout: float) -> list[dict]:
     return link.runs()
 
 
+def auto_gpu_share(supernodes: int, cpus_per_client: int) -> float:
+    """Each simulated client's GPU share: all GPUs split over the clients that run at once (one per
+    ``cpus_per_client`` cores), so a GPU is used by every concurrent client; 0 without CUDA."""
+    import os
+
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        return 0.0
+    concurrent = max(1, min(supernodes, (os.cpu_count() or 1) // max(cpus_per_client, 1)))
+    return min(1.0, gpus / concurrent)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--supernodes", type=int, default=10, help="number of simulated clients")
     parser.add_argument("--run-config", default="", help="run-config overrides, e.g. \"method='fedavg' seed=1\"")
     parser.add_argument("--cpus-per-client", type=int, default=1)
-    parser.add_argument("--gpus-per-client", type=float, default=0.0)
+    parser.add_argument("--gpus-per-client", type=float, default=-1.0,
+                        help="GPU share per simulated client; default: the GPUs shared by as many clients as run "
+                             "at once (0 without a GPU)")
     parser.add_argument("--app", default=".", help="the Flower App directory")
     args = parser.parse_args(argv)
-    result = simulate(fc.parse_overrides(args.run_config), supernodes=args.supernodes, app_dir=Path(args.app),
-                      cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
-    return fc.report(result, "run")
+    from fedcore.config import ConfigError
+    from server_app.results import RunFolderError
+
+    fc.stop_on_signals()
+    overrides = fc.parse_overrides(args.run_config)
+    if args.gpus_per_client < 0:
+        args.gpus_per_client = auto_gpu_share(args.supernodes, args.cpus_per_client)
+    try:
+        result = simulate(overrides, supernodes=args.supernodes, app_dir=Path(args.app),
+                          cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                          started=COMMAND_T0)
+    except (ConfigError, RunFolderError) as err:
+        print(f"configuration error: {err}", file=sys.stderr)
+        return 2
+    except fc.Interrupted as sig:
+        print(f"\ninterrupted by {sig}: the SuperLink and the simulation were stopped; the run is not complete "
+              "(continue it with resume=true and the same run-name)", file=sys.stderr)
+        return 130
+    return fc.report(result, "run", result["min_replies"])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Results of one run: resolved config, per-round and per-client CSVs, summary.json and plots.
 
-Rows are appended and flushed every round, so a run that dies still leaves what it measured.
+Rows are written every round, so a run that dies still leaves what it measured. A run folder is
+never reused silently: a fresh run needs an empty or new folder (``overwrite`` replaces an old
+one), and ``resume`` continues one from its checkpoint with the rows of later rounds removed.
 """
 
 from __future__ import annotations
@@ -8,14 +10,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROUND_FIELDS = ["round", "acc_weighted", "acc_client_mean", "acc_client_std", "loss", "train_loss",
-                "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "replies", "dropped", "eval_clients",
-                "state_round_min", "state_lost"]
+                "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "eval_s", "startup_s", "replies", "dropped",
+                "eval_clients", "state_round_min", "state_lost"]
 CLIENT_FIELDS = ["round", "partition_id", "accuracy", "test_samples"]
 LAST_K = 10  # summary's "mean of the last evaluations": harder to flatter than a best-of-test
 
@@ -25,19 +28,73 @@ def default_run_name(cfg) -> str:
     return f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{stamp}"
 
 
+class RunFolderError(RuntimeError):
+    """The results folder cannot be used as asked (it holds another run, or there is nothing to resume)."""
+
+
+def run_folder(cfg) -> Path:
+    """The run's results folder, checked against the rules, before anything is started or written:
+    a fresh run needs a new or empty folder unless ``overwrite``; ``resume`` needs an existing one."""
+    root = Path(cfg["results-dir"]).expanduser().resolve()
+    if not cfg["run-name"]:
+        if cfg["resume"]:
+            raise RunFolderError("resume needs the run-name of the run to continue")
+        base = default_run_name(cfg)
+        folder, k = root / base, 2
+        while folder.exists():  # two runs started in the same second
+            folder, k = root / f"{base}-{k}", k + 1
+        return folder
+    folder = root / cfg["run-name"]
+    if cfg["resume"]:
+        if not (folder / "checkpoints").is_dir():
+            raise RunFolderError(f"resume: {folder} has no checkpoints to continue from")
+    elif folder.exists() and any(folder.iterdir()) and not cfg["overwrite"]:
+        raise RunFolderError(f"results folder {folder} already holds a run; choose another run-name, set "
+                             "resume=true to continue it, or overwrite=true to replace it")
+    return folder
+
+
 class ResultsWriter:
-    def __init__(self, cfg):
+    """Writes one run's results folder; ``resume`` = the checkpoint's writer state to continue from."""
+
+    def __init__(self, cfg, folder: Path | None = None, resume: dict | None = None):
         self.cfg = cfg
-        name = cfg["run-name"] or default_run_name(cfg)
-        self.dir = Path(cfg["results-dir"]).expanduser().resolve() / name
+        self.dir = folder or run_folder(cfg)
+        if resume is None and self.dir.exists() and cfg["overwrite"]:
+            shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
-        self.rounds: list[dict] = []
+        self.rounds: list[dict] = list(resume["rounds"]) if resume else []
+        self._elapsed_before = resume["elapsed"] if resume else 0.0
         self._start = time.monotonic()
         self._columns = list(ROUND_FIELDS)
         self._write_rounds()
-        with open(self.dir / "clients.csv", "w", newline="") as f:
-            csv.DictWriter(f, CLIENT_FIELDS).writeheader()
+        if resume:
+            self._truncate_to(self.rounds[-1]["round"] if self.rounds else -1)
+        else:
+            with open(self.dir / "clients.csv", "w", newline="") as f:
+                csv.DictWriter(f, CLIENT_FIELDS).writeheader()
+
+    def _truncate_to(self, last_round: int) -> None:
+        """Remove what rounds after the checkpoint left behind: clients.csv rows, matrices, the old summary."""
+        path = self.dir / "clients.csv"
+        rows = list(csv.DictReader(open(path))) if path.exists() else []
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, CLIENT_FIELDS)
+            w.writeheader()
+            w.writerows(r for r in rows if int(r["round"]) <= last_round)
+        for matrix in (self.dir / "round_matrices").glob("*.json"):
+            if int(matrix.stem) > last_round:
+                matrix.unlink()
+        for name in ("summary.json", "dropped.json"):
+            (self.dir / name).unlink(missing_ok=True)
+
+    def state(self) -> dict:
+        """What a checkpoint needs to continue writing this folder."""
+        return {"rounds": list(self.rounds), "elapsed": self.elapsed()}
+
+    def elapsed(self) -> float:
+        return self._elapsed_before + time.monotonic() - self._start
 
     def _write_rounds(self) -> None:
         """rounds.csv, rewritten whole (write, then rename) so that a method's own columns, which
@@ -85,7 +142,9 @@ class ResultsWriter:
 
     def finish(self, num_clients: int, dropped: list[dict], status: str = "completed") -> dict:
         evaluated = [r for r in self.rounds if _is_number(r.get("acc_weighted"))]
-        last = evaluated[-1] if evaluated else {}
+        final_round = max((r["round"] for r in self.rounds), default=None)
+        # "final" is the last round's evaluation; if that one failed there is no final accuracy
+        last = evaluated[-1] if evaluated and evaluated[-1]["round"] == final_round else {}
         best = max(evaluated, key=lambda r: r["acc_weighted"]) if evaluated else {}
         best_mean = max(evaluated, key=lambda r: r["acc_client_mean"]) if evaluated else {}
         tail = evaluated[-LAST_K:]
@@ -105,12 +164,16 @@ class ResultsWriter:
             "best_client_acc_mean": best_mean.get("acc_client_mean"), "best_client_mean_round": best_mean.get("round"),
             f"last{LAST_K}_acc": _mean(r["acc_weighted"] for r in tail),
             f"last{LAST_K}_client_acc_mean": _mean(r["acc_client_mean"] for r in tail),
-            "final_round": last.get("round"), "final_eval_clients": last.get("eval_clients"),
+            "final_round": final_round, "final_eval_clients": last.get("eval_clients", 0),
             "bytes_up": bytes_up, "bytes_down": bytes_down,
             "bytes_prepare": sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in prepare),
             "bytes_up_per_round": train_up / max(n_rounds, 1), "bytes_down_per_round": train_down / max(n_rounds, 1),
-            "wall_s": time.monotonic() - self._start,
-            "wall_s_per_round": sum(r.get("wall_s", 0.0) for r in training) / max(n_rounds, 1),
+            "wall_s": self.elapsed(),
+            # start-up (command to round 1) and the first round, which warms up every client, are
+            # reported apart; the per-round figure is the steady state of the rounds after them
+            "startup_s": next((r["startup_s"] for r in self.rounds if _is_number(r.get("startup_s"))), None),
+            "first_round_s": training[0].get("wall_s") if training else None,
+            "wall_s_per_round": _mean(r.get("wall_s", 0.0) for r in (training[1:] or training)) or 0.0,
             "dropped_replies": len(dropped), "status": status, "results_dir": str(self.dir),
             **_method_summary(evaluated),
         }
@@ -166,6 +229,10 @@ def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def format_summary(summary: dict) -> str:
     """A small text table of a finished run, for logs and the terminal."""
     def pct(v):
@@ -178,7 +245,8 @@ def format_summary(summary: dict) -> str:
         ("best acc (weighted) %", f"{pct(summary['best_acc'])} (round {summary['best_round']})"),
         ("client acc mean ± std %", f"{pct(summary['client_acc_mean'])} ± {pct(summary['client_acc_std'])}"),
         ("MB up / down per round", f"{summary['bytes_up_per_round'] / 1e6:.3f} / {summary['bytes_down_per_round'] / 1e6:.3f}"),
-        ("wall s (per round)", f"{summary['wall_s']:.1f} ({summary['wall_s_per_round']:.2f})"),
+        ("wall s: total, start-up", f"{summary['wall_s']:.1f}, {_num(summary.get('startup_s'))}"),
+        ("s per round: first, then", f"{_num(summary.get('first_round_s'))}, {summary['wall_s_per_round']:.2f}"),
         ("dropped replies", str(summary["dropped_replies"])),
         ("results", summary["results_dir"]),
     ]

@@ -43,7 +43,10 @@ def test_method_config_values_reach_the_client_and_the_base_keys_stay(tmp_path, 
     assert summary["dropped_replies"] == 0  # the toy client raises if its config or lr were wrong
     train = [m for m in grid.sent if m.metadata.message_type == "train"]
     config = dict(train[-1].content.config_records[wire.CONFIG])
+    token = config.pop(wire.RUN_TOKEN)
     assert config == {wire.SERVER_ROUND: 2, wire.PHASE: "train", "mode": "train", "lr": 0.025}
+    assert len(token) == 32 and all(m.content.config_records[wire.CONFIG][wire.RUN_TOKEN] == token
+                                    for m in grid.sent if m.metadata.message_type != wire.HANDSHAKE)
 
 
 def test_a_strategy_cannot_replace_the_config_record_or_its_base_keys(tmp_path):
@@ -147,13 +150,39 @@ def test_optimizer_state_round_trips(tmp_path):
 
 
 def test_a_client_that_lost_its_state_is_reported(tmp_path, caplog):
+    import shutil
+
     from clients.app import app as client_app
     from server_app.app import run_experiment
 
     config = small_config(tmp_path, method="local", **{"num-server-rounds": 3})
     grid = InProcessGrid(client_app, 3, config)
 
-    def restart_node_1(msg, reply):  # SuperNode of client 1 restarts after round 1's evaluation
+    def restart_node_1(msg, reply):  # client 1's SuperNode restarts after round 1, on a machine without its disk
+        if msg.metadata.message_type == "evaluate" and msg.metadata.group_id == "1":
+            ctx = grid.contexts[msg.metadata.dst_node_id]
+            if ctx.node_config["partition-id"] == 1:
+                ctx.state = RecordDict()
+                token = msg.content.config_records[wire.CONFIG][wire.RUN_TOKEN]
+                shutil.rmtree(tmp_path / "results" / "test-run" / "client-state" / token / "1")
+        return reply
+
+    grid.faults = restart_node_1
+    with caplog.at_level(logging.WARNING):
+        summary = run_experiment(grid, Config.from_run_config(config))
+    rows = _rounds(summary)
+    assert [r["state_lost"] for r in rows] == ["0", "1", "0"]
+    assert "client 1 lost its state from round 1" in caplog.text
+
+
+def test_a_restarted_node_with_its_disk_restores_its_state(tmp_path, caplog):
+    from clients.app import app as client_app
+    from server_app.app import run_experiment
+
+    config = small_config(tmp_path, method="local", **{"num-server-rounds": 3})
+    grid = InProcessGrid(client_app, 3, config)
+
+    def restart_node_1(msg, reply):  # the same, but the node keeps its disk: state comes back from it
         if msg.metadata.message_type == "evaluate" and msg.metadata.group_id == "1":
             ctx = grid.contexts[msg.metadata.dst_node_id]
             if ctx.node_config["partition-id"] == 1:
@@ -163,9 +192,8 @@ def test_a_client_that_lost_its_state_is_reported(tmp_path, caplog):
     grid.faults = restart_node_1
     with caplog.at_level(logging.WARNING):
         summary = run_experiment(grid, Config.from_run_config(config))
-    rows = _rounds(summary)
-    assert [r["state_lost"] for r in rows] == ["0", "1", "0"]
-    assert "client 1 lost its state from round 1" in caplog.text
+    assert [r["state_lost"] for r in _rounds(summary)] == ["0", "0", "0"]
+    assert "restored it from" in caplog.text
 
 
 # ------------------------------------------------------------------ 5. training budgets

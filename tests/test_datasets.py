@@ -150,3 +150,23 @@ def test_mnist5k_npz_cache_is_written_and_gives_the_same_data(tmp_path):
     again = _mnist5k_raw(str(tmp_path))  # now read from the npz
     np.testing.assert_array_equal(again[1], first.y)
     assert again[0].dtype == np.uint8 and again[0].shape == (5000, 1, 28, 28)
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist5k"])
+def test_normalisation_is_an_option(name, tmp_path):
+    """Replaying another library's split needs its input scaling too: (x - 0.5) / 0.5, or [0, 1]."""
+    from partitions import load_dataset
+
+    base = load_dataset(name, num_clients=2, seed=0, data_dir=str(tmp_path))
+    half = load_dataset(name, num_clients=2, seed=0, data_dir=str(tmp_path), normalize="half")
+    unit = load_dataset(name, num_clients=2, seed=0, data_dir=str(tmp_path), normalize="unit")
+    assert unit.x.min() == 0.0 and unit.x.max() == 1.0
+    np.testing.assert_allclose(half.x, (unit.x - 0.5) / 0.5, atol=1e-6)
+    assert abs(base.x.mean()) < 0.1 and abs(base.x.std() - 1) < 0.1  # the dataset's own statistics
+
+
+def test_synthetic_refuses_pixel_scaling():
+    from partitions import load_dataset
+
+    with pytest.raises(ValueError, match="normalize must be 'dataset'"):
+        load_dataset("synthetic", num_clients=2, seed=0, normalize="half")

@@ -113,7 +113,7 @@ def test_pairs_shares_follow_remaining_rule():
         assert rem // 5 <= share <= rem // 2
         rem -= share
     assert col[3] == rem
-    with pytest.raises(PartitionError, match="pairs-mode"):
+    with pytest.raises(PartitionError, match="'pairs.mode'"):
         build_splits(ds, "pairs", 4, 0, {"pairs-mode": "zigzag"})
 
 
@@ -146,10 +146,10 @@ def test_dirichlet_self_balancing_and_min_size(digits):
 
 def test_dirichlet_impossible_fails_fast(digits):
     t = time.perf_counter()
-    with pytest.raises(PartitionError, match=r"after \d+ attempts.*Raise partition.alpha, lower partition.min-size"):
+    with pytest.raises(PartitionError, match=r"after \d+ attempts.*Raise 'dirichlet.alpha', lower 'dirichlet.min-size'"):
         build_splits(digits, "dirichlet", 10, 0, {"alpha": 0.1, "min-size": 190})
     assert time.perf_counter() - t < 5
-    with pytest.raises(PartitionError, match="alpha must be > 0"):
+    with pytest.raises(PartitionError, match="'dirichlet.alpha' must be > 0"):
         build_splits(digits, "dirichlet", 10, 0, {"alpha": 0})
 
 
@@ -200,7 +200,7 @@ def test_unknown_names_and_params(digits):
         build_splits(digits, "nope", 4, 0)
     with pytest.raises(PartitionError, match=r"unknown partition params \['beta'\].*alpha.*train-fraction"):
         build_splits(digits, "iid", 4, 0, {"beta": 1})
-    with pytest.raises(PartitionError, match="classes-per-client must be a int"):
+    with pytest.raises(PartitionError, match="'pathological.classes-per-client' must be a int"):
         build_splits(digits, "pathological", 4, 0, {"classes-per-client": 2.5})
     # run-config strings are coerced
     a = build_splits(digits, "pathological", 4, 0, {"classes-per-client": "3", "balance": "true"})
@@ -266,6 +266,8 @@ def _doc(**over):
     (_doc(clients=[{"train": [0, 1], "test": [1]}, {"train": [3], "test": [4]}]),
      "client 0 has index 1 in both train and test"),
     (_doc(clients=[{"train": [0.5], "test": [1]}, {"train": [3], "test": [4]}]), "list of integers"),
+    (_doc(clients=[{"train": [0, True], "test": [2]}, {"train": [3], "test": [4]}]), "no booleans"),
+    (_doc(clients=[{"train": [False], "test": [2]}, {"train": [3], "test": [4]}]), "no booleans"),
     (_doc(clients=[{"train": [0]}, {"train": [3], "test": [4]}]), "needs 'train' and 'test'"),
     (_doc(clients=[{"train": [0], "test": []}, {"train": [3], "test": [4]}]),
      "too few samples: partition file gives client 0 only 1 train and 0 test"),
@@ -279,7 +281,7 @@ def test_file_validation(digits, tmp_path, doc, match):
 
 
 def test_file_missing(digits, tmp_path):
-    with pytest.raises(PartitionError, match="set partition.file"):
+    with pytest.raises(PartitionError, match="set 'file.path'"):
         build_splits(digits, "file", 2, 0)
     with pytest.raises(PartitionError, match="cannot read split file"):
         build_splits(digits, "file", 2, 0, {"file": str(tmp_path / "none.json")})

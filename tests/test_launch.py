@@ -1,0 +1,100 @@
+"""The launcher: config checked before anything starts, honest exit status, signals stop everything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedcore.config import Config, ConfigError
+from server_app import flower_cli as fc
+from server_app.launch import main, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_bad_key_stops_the_launcher_before_any_process_starts(tmp_path, capsys):
+    home = tmp_path / "home"
+    with pytest.raises(ConfigError, match="num-rounds"):
+        simulate({"num-rounds": 3}, supernodes=2, app_dir=ROOT, flwr_home=home)
+    assert not home.exists()  # no SuperLink was started
+    assert main(["--run-config", "dirichlet.alpha=0.3 partition='pathological'"]) == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err and "'dirichlet.alpha'" in err
+
+
+def test_a_used_run_folder_stops_the_launcher_before_any_process_starts(tmp_path):
+    from server_app.results import RunFolderError
+
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "summary.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        simulate({"results-dir": str(tmp_path), "run-name": "taken"}, supernodes=2, app_dir=ROOT,
+                 flwr_home=tmp_path / "home")
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("result,problem", [
+    ({"status": "finished:failed", "summary": None}, "ended finished:failed"),
+    ({"status": "finished:completed", "summary": None}, "no summary"),
+    ({"status": "finished:completed", "summary": {"final_acc": None, "final_eval_clients": 0}}, "last round"),
+    ({"status": "finished:completed", "summary": {"final_acc": 0.9, "final_eval_clients": 2}}, "fewer than min-replies=3"),
+    ({"status": "finished:completed", "summary": {"final_acc": 0.9, "final_eval_clients": 3}}, None),
+])
+def test_only_a_truly_successful_run_counts_as_one(result, problem):
+    got = fc.verdict(result, min_replies=3)
+    assert (got is None) if problem is None else (problem in got)
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("train-fraction", 1.0, "< 1.0"),
+    ("faults.share", 1.5, "<= 1.0"),
+])
+def test_values_that_fail_later_are_refused_at_start(key, value, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        Config.from_run_config({key: value})
+
+
+def _flower_processes(marker: str) -> list[str]:
+    """Processes whose environment or command line holds ``marker`` (the test's private TMPDIR)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in env or marker.encode() in cmd:
+            found.append(pid + ": " + cmd.replace(bytes(1), b" ").decode(errors="replace")[:120])
+    return found
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 130), (signal.SIGINT, 130)])
+def test_a_signal_stops_every_process_the_launcher_started(tmp_path, sig, code):
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", "2", "--run-config",
+           f"dataset='digits' num-server-rounds=500 results-dir='{tmp_path / 'results'}' run-name='long'"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:  # wait until training is under way
+        seen.append(line)
+        if "[round 2/500]" in line or time.monotonic() > deadline:
+            break
+    assert any("[round 2/500]" in line for line in seen), "".join(seen[-30:])
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, rest
+    assert "interrupted" in rest
+    time.sleep(2)
+    assert _flower_processes(str(tmp_path)) == []  # SuperLink, SuperExec and the simulation are gone
+    assert not list(tmp_path.glob("flwr-home-*"))  # and so is the launcher's private Flower home
+    assert not (tmp_path / "results" / "long" / "summary.json").exists()  # nothing pretends to be complete
