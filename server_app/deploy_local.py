@@ -67,15 +67,18 @@ class LocalDeployment:
         "fast" (``server_app.fast_runtime``) or "flower" (Flower's commands as shipped).
     link_host : Host
         Where the SuperLink runs; the ``flwr`` CLI runs here, in this process's network.
+    link_names : list[str]
+        More names or addresses the SuperLink is reached by (its certificate's SANs).
     """
 
     def __init__(self, app_dir: Path, workdir: Path, *, secure: bool = False, runtime: str = "fast",
-                 link_host: Host = Host()):
+                 link_host: Host = Host(), link_names: list[str] = ()):
         if runtime not in ("fast", "flower"):
             raise ValueError(f"runtime must be 'fast' or 'flower', not {runtime!r}")
         self.app_dir = Path(app_dir).resolve()
         self.workdir = Path(workdir).resolve()
         self.secure, self.runtime, self.link_host = secure, runtime, link_host
+        self.link_names = list(link_names)
         self.port = None
         self.supernodes: list[SuperNode] = []
         self.certs: dict = {}
@@ -116,7 +119,7 @@ class LocalDeployment:
         cmd = ["flower-superlink", "--host", "0.0.0.0" if host.prefix else "127.0.0.1", "--port", str(self.port),
                "--disable-runtime-dependency-installation"]
         if self.secure:
-            names = sorted({"localhost", "127.0.0.1", host.address})
+            names = sorted({"localhost", "127.0.0.1", host.address, *self.link_names})
             self.certs = certs.make_all(self.workdir / "certs", 0, names)
             cmd += ["--ssl-ca-certfile", str(self.certs["ca"]), "--ssl-certfile", str(self.certs["certificate"]),
                     "--ssl-keyfile", str(self.certs["key"]), "--enable-supernode-auth"]
@@ -144,18 +147,20 @@ class LocalDeployment:
             raise RuntimeError(f"flwr supernode register {public_key.name} failed: {out.stdout}{out.stderr}")
 
     def add_supernode(self, partition_id: int, num_partitions: int, *, host: Host = Host(), key: str | None = None,
-                      register: bool = True, root_ca: Path | None = None, wait_s: float = 0) -> SuperNode:
-        """Start one SuperNode (and, in the fast runtime, its ClientApp SuperExec).
+                      register: bool = True, root_ca: Path | None = None, link_address: str | None = None) -> SuperNode:
+        """Start one SuperNode (and, in the fast runtime, its ClientApp SuperExec) on ``host``.
 
         ``key`` names its key pair (default ``supernode-<index>``), registered first unless
-        ``register=False``; ``root_ca`` replaces the CA it trusts (tests of a foreign CA).
+        ``register=False``; ``root_ca`` replaces the CA it trusts (tests of a foreign CA);
+        ``link_address`` is the SuperLink's address as this host sees it (default: ``link_host``'s).
         """
         index = len(self.supernodes)
         node = SuperNode(index, partition_id, log=self.workdir / f"supernode-{index}.log")
         home = self._home(f"supernode-{index}")
         node_port = fc.free_port()
         isolation = "process" if self.runtime == "fast" else "subprocess"
-        cmd = ["flower-supernode", "--superlink", f"{self.link_host.address}:{self.port}", "--port", str(node_port),
+        link = link_address or self.link_host.address
+        cmd = ["flower-supernode", "--superlink", f"{link}:{self.port}", "--port", str(node_port),
                "--isolation", isolation, "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
         if self.secure:
             private, public = self.supernode_key(key or f"supernode-{index}")
