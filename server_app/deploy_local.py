@@ -214,7 +214,7 @@ class LocalDeployment:
         deadline = time.monotonic() + timeout
         while True:
             runs = fc.list_runs(CONNECTION, env=self.cli_env, cwd=self.app_dir)
-            mine = [r for r in runs if r.get("run-id") == run_id]
+            mine = [r for r in runs if str(r.get("run-id")) == str(run_id)]
             if mine and str(mine[0].get("status", "")).startswith("finished") or time.monotonic() >= deadline:
                 return mine or runs
             time.sleep(2)  # each `flwr ls` is a Python process: poll gently
