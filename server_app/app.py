@@ -26,7 +26,7 @@ from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import get_method
 from fedstrategies.base import ClientInfo
-from server_app.nodes import Membership, StartupError, send_and_receive
+from server_app.nodes import Membership, StartupError, send_and_receive  # noqa: F401 (StartupError: re-exported)
 from server_app.results import ResultsWriter, format_summary
 
 app = ServerApp()

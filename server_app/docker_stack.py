@@ -122,7 +122,7 @@ class ComposeStack:
         self.compose("build")
         if self.tls:
             certs.make_all(self.certs_dir, 2, ["superlink", "localhost", "127.0.0.1"])
-            _share_with_app_user(self.certs_dir, writable=False)
+            _share_with_app_user(self.certs_dir, writable=False, keep=("ca.key",))  # no container reads it
             self.compose("up", "-d", "superlink")
         else:
             self.compose("up", "-d")
@@ -164,9 +164,12 @@ class ComposeStack:
         self.compose("down", "--remove-orphans", "--timeout", "20", timeout=300)
 
 
-def _share_with_app_user(path: Path, writable: bool) -> None:
-    """Containers run as uid 49999: give it the folder (as root), else make it world-readable/writable."""
+def _share_with_app_user(path: Path, writable: bool, keep: tuple[str, ...] = ()) -> None:
+    """Containers run as uid 49999: give it the folder (as root), else make it world-readable/writable;
+    files named in ``keep`` stay as they are."""
     for p in [path, *path.rglob("*")]:
+        if p.name in keep:
+            continue
         if os.geteuid() == 0:
             os.chown(p, APP_UID, APP_UID)
         elif writable:
