@@ -36,7 +36,7 @@ DEFAULT_POLL_S = 0.2
 DEFAULT_PRELOAD = "numpy,torch,torch.nn,flwr.app,flwr.clientapp"
 # Flower's own setting for the SuperExec's task poll; set to this unless the caller chose a value
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
-FAST_TASK_POLL_S = "0.05"
+FAST_TASK_POLL_S = "0.1"
 
 
 class _CappedSleep:
@@ -106,7 +106,7 @@ class ForkExecutor:
 
 def _run_clientapp_child(spec) -> None:
     """Body of a forked ClientApp: Flower's ``run_clientapp`` with the parent's handlers dropped."""
-    code, start = 1, time.monotonic()
+    code, start, log_fd = 1, time.monotonic(), os.dup(2)  # the SuperExec's own log, even when output is suppressed
     try:
         from flwr.supercore.exit import exit_handler
         from flwr.supercore.tls import validate_and_resolve_root_certificates
@@ -133,10 +133,10 @@ def _run_clientapp_child(spec) -> None:
     except BaseException:  # noqa: BLE001 - a task must never return into the SuperExec's loop
         traceback.print_exc()
     finally:
-        print(f"[fast_runtime] ClientApp task {spec.task_id} (forked) ended with {code} after "
-              f"{time.monotonic() - start:.2f} s", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
+        os.write(log_fd, f"[fast_runtime] ClientApp task {spec.task_id} (forked) ended with {code} after "
+                         f"{time.monotonic() - start:.2f} s\n".encode())
         os._exit(code)
 
 

@@ -31,14 +31,15 @@ from flwr.serverapp import Grid
 from fedcore import wire
 from fedstrategies.base import ClientInfo
 
-PULL_INTERVAL_S = 0.05
+PULL_INTERVALS_S = (0.01, 0.2)  # first and longest wait between pulls (each wait 1.5x the last)
 
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
     """Push ``messages`` and pull their replies until all are in or ``timeout`` s have passed.
 
-    Polls every ``PULL_INTERVAL_S`` on Flower's deployed grid (``HttpGrid``, whose own loop sleeps
-    3 s); any other grid (simulation, in-process) keeps its own ``send_and_receive``.
+    On Flower's deployed grid (``HttpGrid``, whose own loop sleeps 3 s) the waits between pulls grow
+    from 10 ms to 200 ms: quick replies are seen at once, long training costs few requests. Any other
+    grid (simulation, in-process) keeps its own ``send_and_receive``.
     """
     from flwr.superlink.grid.http_grid import HttpGrid
 
@@ -48,13 +49,15 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
     waiting = set(grid.push_messages(messages))
     deadline = time.monotonic() + timeout
     replies: list[Message] = []
+    wait = PULL_INTERVALS_S[0]
     while waiting:
         got = list(grid.pull_messages(waiting))
         replies.extend(got)
         waiting.difference_update(m.metadata.reply_to_message_id for m in got)
         if not waiting or time.monotonic() >= deadline:
             break
-        time.sleep(PULL_INTERVAL_S)
+        time.sleep(wait)
+        wait = min(wait * 1.5, PULL_INTERVALS_S[1])
     return replies
 
 
