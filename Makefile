@@ -17,6 +17,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 # Deployment (README "Deployment"): SECURE=1 adds TLS + SuperNode authentication
 SUPERNODES ?= 2
 SECURE ?=
+RUNTIME ?= fast
 DEPLOY_CONFIG ?= num-server-rounds=3 dataset='digits' node-wait-s=60
 DOCKER_CONFIG ?= method='fedavg' dataset='digits' num-server-rounds=2
 CERTS_DIR ?= certs
@@ -50,7 +51,8 @@ clean:
 	rm -rf $(VENV) results .pytest_cache
 
 deploy-local: $(STAMP)
-	$(BIN)/python -m server_app.deploy_local --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --run-config "$(DEPLOY_CONFIG)"
+	$(BIN)/python -m server_app.deploy_local --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
+	  --run-config "$(DEPLOY_CONFIG)"
 
 # a CA, the SuperLink's certificate (SANs: SUPERLINK_NAMES) and one key pair per SuperNode
 certs: $(STAMP)
@@ -58,7 +60,8 @@ certs: $(STAMP)
 
 # SuperLink and each SuperNode in a network namespace of its own (root, iproute2)
 deploy-netns: $(STAMP)
-	$(BIN)/python -m server_app.netns --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --run-config "$(DEPLOY_CONFIG)"
+	$(BIN)/python -m server_app.netns --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
+	  --run-config "$(DEPLOY_CONFIG)"
 
 # Debian's docker engine and compose v1, and debootstrap for the local base image (root)
 docker-setup:

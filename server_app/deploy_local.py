@@ -219,6 +219,12 @@ class LocalDeployment:
                 return mine or runs
             time.sleep(2)  # each `flwr ls` is a Python process: poll gently
 
+    def run_log(self, run_id: int) -> str:
+        """The run's logs so far (the ServerApp's among them), as ``flwr log --show`` prints them."""
+        out = fc.flwr("log", str(run_id), CONNECTION, "--show", env=self.cli_env, cwd=self.app_dir, capture=True,
+                      timeout=120)
+        return out.stdout
+
     def run(self, config: dict, timeout: float = 1800) -> dict:
         """Submit a run, wait for it, and return its status and summary (``flower_cli.run_result``)."""
         return fc.run_result(self.wait(self.submit(config), timeout), config)

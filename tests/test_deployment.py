@@ -34,15 +34,16 @@ def _rounds(result: dict) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _wait_for_log(path: Path, pattern: str, timeout: float = 90) -> str:
-    """Bounded wait for a line matching ``pattern`` in a process log; returns the log."""
-    deadline = time.monotonic() + timeout
+def _wait_for_log(read, pattern: str, timeout: float = 90, every: float = 0.5) -> str:
+    """Bounded wait for a line matching ``pattern`` in a log (a path, or a function returning the
+    text); returns the log."""
+    deadline, text = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
-        text = path.read_text(errors="replace") if path.exists() else ""
+        text = read() if callable(read) else (read.read_text(errors="replace") if read.exists() else "")
         if re.search(pattern, text):
             return text
-        time.sleep(0.5)
-    raise AssertionError(f"no {pattern!r} in {path} after {timeout} s:\n{text[-2000:]}")
+        time.sleep(every)
+    raise AssertionError(f"no {pattern!r} after {timeout} s:\n{text[-2000:]}")
 
 
 def test_fedavg_deploys_on_loopback_without_tls(tmp_path):
@@ -92,12 +93,12 @@ def test_a_supernode_that_leaves_and_comes_back_is_picked_up_again(tmp_path):
         dep.add_supernode(0, 2)
         leaving = dep.add_supernode(1, 2)
         run_id = dep.submit(config)
-        serverapp_log = tmp_path / "deploy" / "superlink.log"
-        _wait_for_log(serverapp_log, r"\[round 1/8\]", timeout=300)
+        serverapp_log = lambda: dep.run_log(run_id)  # noqa: E731 - the ServerApp's log, via `flwr log`
+        _wait_for_log(serverapp_log, r"\[round 1/8\]", timeout=300, every=3)
         dep.stop_supernode(leaving)
-        _wait_for_log(serverapp_log, r"client 1 \(node \d+\) has left", timeout=300)
+        _wait_for_log(serverapp_log, r"client 1 \(node \d+\) has left", timeout=300, every=3)
         dep.add_supernode(1, 2)
-        _wait_for_log(serverapp_log, r"client 1 is back on node \d+", timeout=300)
+        _wait_for_log(serverapp_log, r"client 1 is back on node \d+", timeout=300, every=3)
         result = fc.run_result(dep.wait(run_id, timeout=600), config)
     assert result["status"] == "finished:completed", result
     replies = [int(r["replies"]) for r in _rounds(result)]
