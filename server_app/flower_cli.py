@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -77,12 +78,13 @@ def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float = 
     """Block until the SuperLink on ``host:port`` answers /health (over TLS verified against ``ca``
     when given); fail early if it exits."""
     url = f"{'https' if ca else 'http'}://{host}:{port}/health"
+    verify = ssl.create_default_context(cafile=str(ca)) if ca else True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"flower-superlink exited with {proc.returncode}; see {log}")
         try:
-            if httpx.get(url, timeout=1, verify=str(ca) if ca else True).is_success:
+            if httpx.get(url, timeout=1, verify=verify).is_success:
                 return
         except httpx.HTTPError:
             pass

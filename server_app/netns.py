@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from server_app import flower_cli as fc
@@ -96,6 +97,9 @@ class NetworkHosts:
         for ns in reversed(self.created):  # deleting a namespace deletes its veth ends and their peers
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         self.created.clear()
+        deadline = time.monotonic() + 30  # the kernel tears namespaces down asynchronously: wait for it
+        while Path(f"/sys/class/net/pf{self.tag}p0").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     @property
     def link(self) -> Host:
