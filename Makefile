@@ -14,7 +14,17 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 
-.PHONY: install run test bench bench-server deploy-local clean
+# Deployment (README "Deployment"): SECURE=1 adds TLS + SuperNode authentication
+SUPERNODES ?= 2
+SECURE ?=
+RUNTIME ?= fast
+DEPLOY_CONFIG ?= num-server-rounds=3 dataset='digits' node-wait-s=60
+DOCKER_CONFIG ?= method='fedavg' dataset='digits' num-server-rounds=2
+CERTS_DIR ?= certs
+SUPERLINK_NAMES ?= localhost,127.0.0.1
+
+.PHONY: install run test bench bench-server deploy-local clean certs deploy-netns docker-setup docker-base \
+	docker-run test-deploy bench-deploy
 
 install: $(STAMP)
 
@@ -41,4 +51,36 @@ clean:
 	rm -rf $(VENV) results .pytest_cache
 
 deploy-local: $(STAMP)
-	$(BIN)/python -m server_app.deploy_local --supernodes 2 --run-config "num-server-rounds=3 dataset='digits' node-wait-s=60"
+	$(BIN)/python -m server_app.deploy_local --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
+	  --run-config "$(DEPLOY_CONFIG)"
+
+# a CA, the SuperLink's certificate (SANs: SUPERLINK_NAMES) and one key pair per SuperNode
+certs: $(STAMP)
+	$(BIN)/python -m server_app.certs --out $(CERTS_DIR) --supernodes $(SUPERNODES) --names "$(SUPERLINK_NAMES)"
+
+# SuperLink and each SuperNode in a network namespace of its own (root, iproute2)
+deploy-netns: $(STAMP)
+	$(BIN)/python -m server_app.netns --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
+	  --run-config "$(DEPLOY_CONFIG)"
+
+# Debian's docker engine and compose v1, and debootstrap for the local base image (root)
+docker-setup:
+	command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v debootstrap >/dev/null \
+	  || (apt-get update -q && apt-get install -y -q docker.io docker-compose debootstrap)
+
+# the local stand-in for the official flwr/* images (needs a running docker engine)
+docker-base: $(STAMP)
+	PYTHON=$(BIN)/python docker/build-local-base.sh
+
+# compose stack up (its own dockerd if none runs), one run, results collected, stack down
+docker-run: $(STAMP) docker-setup
+	$(BIN)/python -m server_app.docker_stack $(if $(SECURE),--tls) --run-config "$(DOCKER_CONFIG)"
+
+# every deployment test, the long ones (churn, docker compose, namespaces) included
+test-deploy: $(STAMP)
+	$(BIN)/python -m pytest -q -m "deploy or long" tests/test_deployment.py tests/test_deployment_nodes.py \
+	  tests/test_deployment_docker.py tests/test_deployment_netns.py
+
+# deployed round vs simulated round, fedavg on mnist5k, 2 and 4 SuperNodes (README table)
+bench-deploy: $(STAMP)
+	$(BIN)/python -m benchmarks.deployed_round --supernodes 2,4 --out docs/results/deployed-round

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from clients import partition_cache
 from clients.training import LossFn, StepCallback, cross_entropy, train_loop
 from fedcore import wire
 from fedcore.config import Config
@@ -71,22 +72,31 @@ def dataset_params(cfg: Config) -> dict:
 
 @lru_cache(maxsize=64)
 def _client_data(key: tuple, pid: int, device: str) -> ClientData:
-    data, splits = _federated_data(*key)
-    if not 0 <= pid < len(splits):
-        raise ValueError(f"partition-id {pid} is outside 0..{len(splits) - 1}")
-    split = splits[pid]
+    """One client's split as tensors: from the partition cache on disk if there, else from the whole
+    dataset (then cached), so a ClientApp process per message does not load and split it each time."""
+    path = partition_cache.cache_path(key, pid)
+    cached = partition_cache.load(path)
+    if cached is None:
+        data, splits = _federated_data(*key)
+        if not 0 <= pid < len(splits):
+            raise ValueError(f"partition-id {pid} is outside 0..{len(splits) - 1}")
+        split = splits[pid]
+        cached = {"x_train": data.x[split.train], "y_train": data.y[split.train],
+                  "x_test": data.x[split.test], "y_test": data.y[split.test],
+                  "num_classes": data.num_classes, "input_shape": tuple(data.input_shape)}
+        partition_cache.store(path, {k: cached[k] for k in partition_cache.FIELDS}, data.num_classes,
+                              tuple(data.input_shape))
     dev = torch.device(device)
 
-    def tensors(idx):
-        return (torch.as_tensor(data.x[idx], dtype=torch.float32, device=dev),
-                torch.as_tensor(data.y[idx], dtype=torch.long, device=dev))
+    def tensors(x, y):
+        return (torch.as_tensor(x, dtype=torch.float32, device=dev), torch.as_tensor(y, dtype=torch.long, device=dev))
 
-    x_train, y_train = tensors(split.train)
-    x_test, y_test = tensors(split.test)
+    x_train, y_train = tensors(cached["x_train"], cached["y_train"])
+    x_test, y_test = tensors(cached["x_test"], cached["y_test"])
+    num_classes = cached["num_classes"]
     return ClientData(
-        x_train, y_train, x_test, y_test, data.num_classes, tuple(data.input_shape),
-        np.bincount(data.y[split.train], minlength=data.num_classes),
-        np.bincount(data.y[split.test], minlength=data.num_classes),
+        x_train, y_train, x_test, y_test, num_classes, cached["input_shape"],
+        np.bincount(cached["y_train"], minlength=num_classes), np.bincount(cached["y_test"], minlength=num_classes),
     )
 
 

@@ -1,6 +1,9 @@
 # SuperExec image: runs this project's ServerApp or ClientApps (process isolation).
-ARG FLWR_VERSION=1.41.0
-FROM flwr/superexec:${FLWR_VERSION}
+# BASE_IMAGE: the official flwr/superexec of the pinned version, or the local stand-in built by
+# docker/build-local-base.sh (pfl-flower/local-base:1.41.0: flwr and torch already installed, and
+# pip served offline from its /wheels).
+ARG BASE_IMAGE=flwr/superexec:1.41.0
+FROM ${BASE_IMAGE}
 
 WORKDIR /app
 COPY --chown=app:app constraints.txt pyproject.toml README.md ./
@@ -9,10 +12,11 @@ COPY --chown=app:app fedstrategies fedstrategies
 COPY --chown=app:app clients clients
 COPY --chown=app:app server_app server_app
 COPY --chown=app:app partitions partitions
-# CPU torch from the PyTorch index (PyPI's default Linux wheel pulls the CUDA stack), then the package.
-# flwr is already in the base image, so it is left out of the constraints.
+# CPU torch from the PyTorch index unless the base has it (PyPI's default Linux wheel pulls the CUDA
+# stack), then the package. flwr is already in the base image, so it is left out of the constraints.
 RUN grep -v '^flwr==' constraints.txt > /tmp/constraints.txt \
- && python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+ && (python -c "import torch" 2>/dev/null \
+     || python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0) \
  && python -m pip install --no-cache-dir -c /tmp/constraints.txt .
 
 ENV FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1

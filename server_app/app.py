@@ -19,7 +19,7 @@ import uuid
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -29,13 +29,10 @@ from fedcore.models import model_facts
 from fedcore.registry import get_method
 from fedstrategies.base import ClientInfo
 from server_app import checkpoints
+from server_app.nodes import Membership, StartupError, send_and_receive  # noqa: F401 (StartupError: re-exported)
 from server_app.results import ResultsWriter, format_summary, run_folder
 
 app = ServerApp()
-
-
-class StartupError(RuntimeError):
-    """The federation cannot start: a client failed to load its data, or identities clash."""
 
 
 @app.main()
@@ -55,59 +52,16 @@ def _started_at() -> float:
 def connect_clients(grid: Grid, cfg: Config) -> tuple[dict[int, ClientInfo], tuple[int, ...], int]:
     """Ask every SuperNode who it is and what it holds; wait (node-wait-s) until all have answered.
 
-    Returns the clients by partition id, the input shape and the number of classes.
-
-    A client that cannot build its partition (too few samples, dataset unavailable, ...) stops the
-    run here, with its own error message.
+    Returns the clients by partition id, the input shape and the number of classes (see
+    ``server_app.nodes.Membership``: refusals, and nodes that leave and come back during the run).
     """
-    infos: dict[int, ClientInfo] = {}
-    meta: dict[int, dict] = {}
-    asked: set[int] = set()
-    expected = None
-    deadline = time.monotonic() + cfg["node-wait-s"]
-    while True:
-        new = [n for n in grid.get_node_ids() if n not in asked]
-        if new:
-            asked.update(new)
-            config = ConfigRecord({wire.SERVER_ROUND: 0, wire.PHASE: "handshake"})
-            msgs = [Message(RecordDict({wire.CONFIG: config}), dst_node_id=n, message_type=wire.HANDSHAKE,
-                            group_id="0") for n in new]
-            for reply in grid.send_and_receive(msgs, timeout=cfg["round-timeout"]):
-                node = reply.metadata.src_node_id
-                if reply.has_error():
-                    raise StartupError(f"the client on node {node} could not start: {reply.error.reason}")
-                m = reply.content.metric_records[wire.METRICS]
-                pid, n_parts = int(m[wire.PARTITION_ID]), int(m[wire.NUM_PARTITIONS])
-                if expected is not None and n_parts != expected:
-                    raise StartupError(f"SuperNodes disagree on num-partitions ({n_parts} vs {expected})")
-                expected = n_parts
-                if not 0 <= pid < n_parts:
-                    raise StartupError(f"node {node} has partition-id {pid}, outside 0..{n_parts - 1}")
-                if pid in infos:
-                    raise StartupError(f"partition-id {pid} is used by two SuperNodes ({infos[pid].node_id}, {node})")
-                infos[pid] = ClientInfo(pid, node, int(m[wire.NUM_TRAIN]), int(m[wire.NUM_TEST]),
-                                        np.array(m[wire.TRAIN_LABEL_COUNTS]), np.array(m[wire.TEST_LABEL_COUNTS]))
-                meta[pid] = {"input_shape": tuple(int(v) for v in m[wire.INPUT_SHAPE]),
-                             "num_classes": int(m[wire.NUM_CLASSES])}
-        if expected is not None and len(infos) >= expected:
-            break
-        if time.monotonic() >= deadline:
-            if not infos:
-                raise StartupError(f"no SuperNode answered within node-wait-s={cfg['node-wait-s']} s")
-            log(WARNING, "only %s of %s clients connected after %s s; going on without partitions %s",
-                len(infos), expected, cfg["node-wait-s"], sorted(set(range(expected)) - set(infos)))
-            break
-        time.sleep(1.0)
-    shapes = {(v["input_shape"], v["num_classes"]) for v in meta.values()}
-    if len(shapes) != 1:
-        raise StartupError(f"clients report different input shapes / class counts: {shapes}")
-    return dict(sorted(infos.items())), *shapes.pop()
+    return Membership(grid, cfg).connect()
 
 
 def _exchange(grid: Grid, msgs: list[Message], timeout: float) -> tuple[list[Message], float]:
     """Send and receive one phase; returns the replies and the seconds it took."""
     start = time.monotonic()
-    replies = list(grid.send_and_receive(msgs, timeout=timeout)) if msgs else []
+    replies = send_and_receive(grid, msgs, timeout) if msgs else []
     return replies, time.monotonic() - start
 
 
@@ -162,7 +116,8 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s", cfg.method, cfg["dataset"],
         cfg["partition"], cfg["num-server-rounds"], cfg["seed"])
     folder, checkpoint = _resume_point(cfg)
-    clients, input_shape, num_classes = connect_clients(grid, cfg)
+    membership = Membership(grid, cfg)
+    clients, input_shape, num_classes = membership.connect()
     writer = ResultsWriter(cfg, folder, resume=checkpoint["writer"] if checkpoint else None)
     log(INFO, "%s clients connected; results go to %s", len(clients), writer.dir)
     pids = list(clients)
@@ -206,6 +161,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     rounds = cfg["num-server-rounds"]
     for rnd in range(first_round, rounds + 1):
         start = time.monotonic()
+        membership.refresh(strategy, rnd)
         startup = time.time() - t0 if rnd == first_round else ""
         msgs = list(strategy.configure_train(rnd, empty_arrays, empty_config, grid))
         replies, _ = _exchange(grid, msgs, timeout)

@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -64,14 +65,26 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    """Block until the SuperLink on ``port`` answers /health; fail early if it exits."""
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so that context managers stop the Flower processes they started."""
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60, host: str = "127.0.0.1",
+                 ca: Path | None = None) -> None:
+    """Block until the SuperLink on ``host:port`` answers /health (over TLS verified against ``ca``
+    when given); fail early if it exits."""
+    url = f"{'https' if ca else 'http'}://{host}:{port}/health"
+    verify = ssl.create_default_context(cafile=str(ca)) if ca else True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"flower-superlink exited with {proc.returncode}; see {log}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success:
+            if httpx.get(url, timeout=1, verify=verify).is_success:
                 return
         except httpx.HTTPError:
             pass

@@ -1,0 +1,166 @@
+"""Flower's SuperNode and SuperExec with the waits of a deployed round taken out (opt-in).
+
+Where a deployed round's time goes in Flower 1.41 (measured, see README "Deployment"):
+
+* an idle SuperNode sleeps a hard-coded 3 s between polls of the SuperLink
+  (``flwr/supernode/start_client_internal.py``), and waits for its ClientApp's reply in 0.5 s steps;
+  neither has a flag or an environment variable;
+* the SuperExec starts a fresh ``flwr-clientapp`` process for every message, which pays Python's
+  start and the torch + flwr imports (2-4 s here) before the message is even read; its task poll is
+  Flower's own setting ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (default 1 s);
+* the ServerApp's ``Grid.send_and_receive`` pulls replies every 3 s (our ServerApp polls itself
+  instead: ``server_app.nodes.send_and_receive``).
+
+``python -m server_app.fast_runtime supernode <flower-supernode args>`` is ``flower-supernode`` with
+those sleeps capped at ``PFL_SUPERNODE_POLL_S`` (default 0.2 s). ``python -m server_app.fast_runtime
+superexec <flower-superexec args>`` is ``flower-superexec`` that imports torch and Flower's ClientApp
+runtime once and forks each ClientApp from itself: the same ``run_clientapp`` Flower runs, with the
+same token and Runtime API, only without a cold interpreter. The app itself is still imported fresh
+in every fork from the FAB of its run, so a new FAB is never served by old code. Everything else
+(TLS, authentication, node config) is Flower's own; both accept exactly Flower's flags.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import time
+import traceback
+
+POLL_ENV = "PFL_SUPERNODE_POLL_S"
+PRELOAD_ENV = "PFL_SUPEREXEC_PRELOAD"
+DEFAULT_POLL_S = 0.2
+# heavy libraries every ClientApp of this project imports: loaded once in the SuperExec, shared by forks
+DEFAULT_PRELOAD = "numpy,torch,torch.nn,flwr.app,flwr.clientapp"
+# Flower's own setting for the SuperExec's task poll; set to this unless the caller chose a value
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+FAST_TASK_POLL_S = "0.1"
+
+
+class _CappedSleep:
+    """Stands in for the ``time`` module inside Flower's SuperNode loop: every sleep is at most ``cap``."""
+
+    def __init__(self, cap: float):
+        self.cap = cap
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.cap))
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def supernode(argv: list[str]) -> None:
+    """``flower-supernode`` whose idle poll and reply wait are capped at ``PFL_SUPERNODE_POLL_S``."""
+    from flwr.supernode import start_client_internal
+    from flwr.supernode.cli.flower_supernode import flower_supernode
+
+    start_client_internal.time = _CappedSleep(float(os.environ.get(POLL_ENV, DEFAULT_POLL_S)))
+    sys.argv = ["flower-supernode", *argv]
+    flower_supernode()
+
+
+class ForkExecutor:
+    """SuperExec executor that forks ClientApps from this (pre-imported) process; other task types
+    (the ServerApp) go to Flower's own executor."""
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+        self.children: set[int] = set()
+
+    def get_eligible_capacity(self, supported_task_types, **kwargs):
+        return self.fallback.get_eligible_capacity(supported_task_types, **kwargs)
+
+    def wait_for_capacity(self, task_type=None, **kwargs) -> None:
+        self.fallback.wait_for_capacity(task_type, **kwargs)
+
+    def launch(self, spec):
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor.types import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:
+            return self.fallback.launch(spec)
+        self.reconcile()
+        pid = os.fork()
+        if pid == 0:  # the child never returns
+            _run_clientapp_child(spec)
+        self.children.add(pid)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Reap finished ClientApps (no zombies)."""
+        for pid in list(self.children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.children.discard(pid)
+        self.fallback.reconcile()
+
+    def close(self) -> None:
+        self.fallback.close()
+
+
+def _run_clientapp_child(spec) -> None:
+    """Body of a forked ClientApp: Flower's ``run_clientapp`` with the parent's handlers dropped."""
+    code, start, log_fd = 1, time.monotonic(), os.dup(2)  # the SuperExec's own log, even when output is suppressed
+    try:
+        from flwr.supercore.exit import exit_handler
+        from flwr.supercore.tls import validate_and_resolve_root_certificates
+        from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        exit_handler.registered_exit_handlers.clear()  # the SuperExec's, not this task's
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        if spec.suppress_output:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+            parent_pid=spec.parent_pid,
+            runtime_dependency_install=spec.runtime_dependency_install,
+        )
+        code = 0
+    except SystemExit as exc:  # flwr_exit ends every task with sys.exit
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a task must never return into the SuperExec's loop
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(log_fd, f"[fast_runtime] ClientApp task {spec.task_id} (forked) ended with {code} after "
+                         f"{time.monotonic() - start:.2f} s\n".encode())
+        os._exit(code)
+
+
+def superexec(argv: list[str]) -> None:
+    """``flower-superexec`` that forks each ClientApp from a process with its heavy imports done."""
+    for name in filter(None, os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(",")):
+        importlib.import_module(name.strip())
+    os.environ.setdefault(TASK_POLL_ENV, FAST_TASK_POLL_S)
+    from flwr.supercore.cli.flower_superexec import flower_superexec
+    from flwr.supercore.superexec import run_superexec
+
+    flower_get_executor = run_superexec.get_executor
+    run_superexec.get_executor = lambda *args, **kwargs: ForkExecutor(flower_get_executor(*args, **kwargs))
+    sys.argv = ["flower-superexec", *argv]
+    flower_superexec()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"supernode": supernode, "superexec": superexec}
+    if not argv or argv[0] not in commands:
+        sys.exit(f"usage: python -m server_app.fast_runtime {{{','.join(commands)}}} <Flower's own flags>")
+    commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Pieces of the deployment that need no running Flower: certificates and keys, the partition
+cache, and the fast runtime's capped sleeps."""
+
+from __future__ import annotations
+
+import stat
+import time
+
+import numpy as np
+import pytest
+import torch
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+from clients import base, partition_cache
+from fedcore.config import Config
+from server_app import certs, fast_runtime
+
+
+def test_certificates_chain_to_the_ca_with_the_right_names_and_private_keys_stay_private(tmp_path):
+    paths = certs.make_all(tmp_path, 2, ["superlink", "localhost", "127.0.0.1"])
+    ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    server = x509.load_pem_x509_certificate(paths["certificate"].read_bytes())
+    server.verify_directly_issued_by(ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["superlink", "localhost"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    other = x509.load_pem_x509_certificate(certs.make_ca(tmp_path / "other")[0].read_bytes())
+    with pytest.raises(Exception):
+        server.verify_directly_issued_by(other)
+    for private, public in paths["supernode_keys"]:
+        key = load_ssh_private_key(private.read_bytes(), None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+        assert load_ssh_public_key(public.read_bytes()).public_numbers() == key.public_key().public_numbers()
+    for private in [tmp_path / "ca.key", paths["key"], *(p for p, _ in paths["supernode_keys"])]:
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
+
+
+def test_supernode_keys_are_kept_on_a_second_run_and_replaced_only_when_forced(tmp_path):
+    first = certs.make_all(tmp_path, 1, ["localhost"])["supernode_keys"][0][1].read_bytes()
+    again = certs.make_all(tmp_path, 2, ["localhost"])["supernode_keys"]
+    assert again[0][1].read_bytes() == first and len(again) == 2
+    forced = certs.make_all(tmp_path, 1, ["localhost"], force=True)["supernode_keys"][0][1].read_bytes()
+    assert forced != first
+
+
+def _load(cfg, pid=0, n=3):
+    base._client_data.cache_clear()
+    return base.load_client_data(cfg, pid, n, torch.device("cpu"))
+
+
+def test_partition_cache_serves_the_same_split_keyed_by_what_determines_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(partition_cache.CACHE_ENV, str(tmp_path / "cache"))
+    cfg = Config.from_run_config({"dataset": "digits", "partition": "pathological", "seed": 0})
+    fresh = _load(cfg)
+    files = list((tmp_path / "cache").glob("*.npz"))
+    assert len(files) == 1
+    cached = _load(cfg)  # now read from the file
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        assert torch.equal(getattr(fresh, name), getattr(cached, name))
+    assert np.array_equal(fresh.train_label_counts, cached.train_label_counts)
+    _load(Config.from_run_config({"dataset": "digits", "partition": "pathological", "seed": 1}))
+    _load(cfg, pid=1)
+    _load(cfg, n=4)
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 4
+    monkeypatch.setenv(partition_cache.CACHE_ENV, "0")
+    assert partition_cache.cache_path(("digits", "iid", 2, 0, "", (), ()), 0) is None
+
+
+def test_the_fast_supernode_caps_flowers_fixed_sleeps():
+    capped = fast_runtime._CappedSleep(0.01)
+    start = time.monotonic()
+    capped.sleep(3)
+    assert time.monotonic() - start < 1
+    assert capped.monotonic() > 0  # every other attribute is the time module's
