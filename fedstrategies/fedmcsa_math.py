@@ -44,13 +44,15 @@ def components(weights: dict[str, np.ndarray], mode: str = "layer") -> dict[str,
 def attention(x: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
     """Psi = softmax_row(sigma * cos(x_i, x_k)) for the rows of ``x`` (S x P); returns S x S float64.
 
-    The cosine matrix is one product of the row-normalised stack (norms clamped at ``eps``), and
-    scipy's softmax subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot overflow.
+    One matrix product gives the Gram matrix, whose diagonal holds the squared norms (clamped at
+    ``eps``), so the cosines cost no second pass over x; they are clipped to [-1, 1] against
+    rounding. scipy's softmax subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot
+    overflow.
     """
     x = np.asarray(x)
-    norms = np.maximum(np.linalg.norm(x.astype(np.float64, copy=False), axis=1), eps)
-    unit = x / norms.astype(x.dtype)[:, None]
-    cos = (unit @ unit.T).astype(np.float64)
+    gram = (x @ x.T).astype(np.float64)
+    norms = np.maximum(np.sqrt(np.maximum(np.diag(gram), 0.0)), eps)
+    cos = np.clip(gram / np.outer(norms, norms), -1.0, 1.0)
     return softmax(sigma * cos, axis=1)
 
 

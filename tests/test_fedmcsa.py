@@ -551,3 +551,16 @@ def test_comparison_table_reports_the_best_client_mean_accuracy():
     row = aggregate_row("x", [{"final_acc": 0.5, "best_client_acc_mean": 0.9}, {"final_acc": 0.5,
                                                                                  "best_client_acc_mean": 0.7}])
     assert row["best_client_acc_mean"] == pytest.approx(0.8) and row["best_client_acc_mean_std"] == pytest.approx(0.1)
+
+
+def test_comparison_reuses_only_completed_runs_with_the_same_config(tmp_path):
+    from server_app.compare import finished_run
+
+    config = {"method": "fedmcsa", "seed": 0, "results-dir": str(tmp_path), "run-name": "fedmcsa-s0"}
+    folder = tmp_path / "fedmcsa-s0"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**config, "results-dir": "/elsewhere", "lr": 0.02}))
+    assert finished_run(config) is None  # cut off: no summary
+    (folder / "summary.json").write_text(json.dumps({"status": "completed", "final_acc": 0.5}))
+    assert finished_run(config)["final_acc"] == 0.5  # the folder may have moved; every other key matches
+    assert finished_run({**config, "seed": 1}) is None
