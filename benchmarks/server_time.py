@@ -152,14 +152,15 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict) -> list[
             rows.append(row)
             print(f"{method:>10} {n:>5} clients: round {row['round_s']:.3f} s (configure {row['configure_s']:.3f}, "
                   f"aggregate {row['aggregate_s']:.3f}, evaluate {row['evaluate_s']:.3f}, prepare "
-                  f"{row['prepare_s']:.3f}; CPU {row['round_cpu_s']:.3f} s), peak +{row['peak_growth_mb']:.0f} MB", flush=True)
+                  f"{row['prepare_s']:.3f}; CPU {row['round_cpu_s']:.3f} s), peak +{row['peak_growth_mb']:.0f} MB",
+                  flush=True)
     write(rows, out)
     return rows
 
 
 def write(rows: list[dict], out: Path) -> None:
-    fields = ["method", "clients", "sampled", "round_s", "round_cpu_s", "configure_s", "aggregate_s", "evaluate_s", "prepare_s",
-              "peak_growth_mb"]
+    fields = ["method", "clients", "sampled", "round_s", "round_cpu_s", "configure_s", "aggregate_s", "evaluate_s",
+              "prepare_s", "peak_growth_mb"]
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fields, extrasaction="ignore")
         w.writeheader()
@@ -168,7 +169,8 @@ def write(rows: list[dict], out: Path) -> None:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     by = {(r["method"], r["clients"]): r for r in rows}
     lines = ["Seconds per round on the server, wall / CPU (configure + aggregate + evaluate; round 0 in brackets "
-             f"where a method has one) and peak-memory growth, CNN on 28x28, target < {TARGET_S} s at 1,000 clients.", "",
+             f"where a method has one) and peak-memory growth, CNN on 28x28, target < {TARGET_S} s at 1,000 clients.",
+             "",
              "| method | " + " | ".join(f"{n} clients" for n in counts) + f" | MB at {counts[-1]} |",
              "|---|" + "---|" * (len(counts) + 1)]
     for m in methods:

@@ -31,7 +31,8 @@ def batch_stream(n: int, batch_size: int, generator: torch.Generator, device: to
         yield from minibatches(n, batch_size, generator, device)
 
 
-def full_batch_stream(n: int, batch_size: int, generator: torch.Generator, device: torch.device) -> Iterator[torch.Tensor]:
+def full_batch_stream(n: int, batch_size: int, generator: torch.Generator,
+                      device: torch.device) -> Iterator[torch.Tensor]:
     """Endless mini-batch indices of exactly ``batch_size`` samples (all n when n is smaller): the
     reshuffled epochs are laid end to end and cut into equal batches; a batch may span two epochs,
     each of which is still one pass over the data (Alg. 1 of FedMCSA: "a fresh mini-batch with size |D|")."""

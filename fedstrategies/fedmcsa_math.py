@@ -82,8 +82,8 @@ def stack_component(models: Sequence[dict[str, np.ndarray]], keys: list[str]) ->
     return x
 
 
-def mcsa(models: Sequence[dict[str, np.ndarray]], sigma: float, mode: str = "layer", sizes: Sequence[float] | None = None,
-         aggregation: str = "attention", size_weighting: bool = False
+def mcsa(models: Sequence[dict[str, np.ndarray]], sigma: float, mode: str = "layer",
+         sizes: Sequence[float] | None = None, aggregation: str = "attention", size_weighting: bool = False
          ) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """One FedMCSA server step over the sampled clients' models (same keys and shapes each).
 

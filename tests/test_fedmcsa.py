@@ -259,7 +259,8 @@ def test_the_next_rounds_sample_uploads_fresh_models_and_nobody_after_the_last_r
         msgs, replies = _round(strategy, rnd)
         uploaders = {strategy.pid_of[m.metadata.dst_node_id] for m in msgs if _config(m)[UPLOAD]}
         assert uploaders == (set(strategy.exchange_set(rnd + 1)) if rnd < 5 else set())
-        with_weights = {strategy.pid_of[r.metadata.src_node_id] for r in replies if wire.WEIGHTS in r.content.array_records}
+        with_weights = {strategy.pid_of[r.metadata.src_node_id] for r in replies
+                        if wire.WEIGHTS in r.content.array_records}
         assert with_weights == uploaders
         assert strategy.dropped == []
     assert len(strategy.models) <= 10  # at most one model per client
