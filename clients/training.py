@@ -31,6 +31,20 @@ def batch_stream(n: int, batch_size: int, generator: torch.Generator, device: to
         yield from minibatches(n, batch_size, generator, device)
 
 
+def full_batch_stream(n: int, batch_size: int, generator: torch.Generator,
+                      device: torch.device) -> Iterator[torch.Tensor]:
+    """Endless mini-batch indices of exactly ``batch_size`` samples (all n when n is smaller): the
+    reshuffled epochs are laid end to end and cut into equal batches; a batch may span two epochs,
+    each of which is still one pass over the data (Alg. 1 of FedMCSA: "a fresh mini-batch with size |D|")."""
+    size = min(batch_size, n)
+    carry = torch.empty(0, dtype=torch.long, device=device)
+    while True:
+        order = torch.cat([carry, torch.randperm(n, generator=generator).to(device)])
+        cut = len(order) - len(order) % size
+        yield from torch.split(order[:cut], size)
+        carry = order[cut:]
+
+
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return math.ceil(n / batch_size)
 
@@ -47,6 +61,7 @@ def train_loop(
     steps: int | None = None,
     loss_fn: LossFn = cross_entropy,
     after_step: StepCallback | None = None,
+    full_batches: bool = False,
 ) -> float:
     """Mini-batch SGD for ``epochs`` epochs or for exactly ``steps`` steps; returns the mean loss.
 
@@ -54,7 +69,8 @@ def train_loop(
     shuffled pass per epoch; ``steps`` takes that many batches from the same reshuffled stream.
     Several optimisers (disjoint parameter groups) all step on the same loss. ``after_step`` runs
     after each step with the step index, the batch loss and the batch indices (pFedPM's relation
-    step, MuPFL's activation-map update).
+    step, MuPFL's activation-map update). ``full_batches`` (step budgets only) makes every batch
+    exactly ``batch_size`` samples (``full_batch_stream``) instead of a short last batch per epoch.
     """
     if (epochs is None) == (steps is None):
         raise ValueError("give exactly one of epochs= and steps=")
@@ -65,7 +81,9 @@ def train_loop(
     optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
     model.train()
     total = torch.zeros((), device=x.device)
-    batches = batch_stream(n, batch_size, generator, x.device)
+    if full_batches and steps is None:
+        raise ValueError("full_batches needs a step budget (steps=)")
+    batches = (full_batch_stream if full_batches else batch_stream)(n, batch_size, generator, x.device)
     for step in range(total_steps):
         idx = next(batches)
         for opt in optimizers:

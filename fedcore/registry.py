@@ -59,6 +59,10 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient"),
     Method("ditto", "Ditto (Li et al. 2021): personal model with a proximal pull to the global one",
            "fedstrategies.ditto:DittoStrategy", "clients.ditto:DittoClient"),
+    Method("fedmcsa", "FedMCSA (Guo et al. 2023): per-layer self-attention across clients' models on the server",
+           "fedstrategies.fedmcsa:FedMCSAStrategy", "clients.fedmcsa:FedMCSAClient"),
+    Method("majority", "each client predicts its most frequent training label (no training, no communication)",
+           "fedstrategies.majority:MajorityStrategy", "clients.majority:MajorityClient"),
 )
 
 
