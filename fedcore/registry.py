@@ -59,6 +59,8 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient"),
     Method("ditto", "Ditto (Li et al. 2021): personal model with a proximal pull to the global one",
            "fedstrategies.ditto:DittoStrategy", "clients.ditto:DittoClient"),
+    Method("pfedpm", "pFedPM (Xing et al.): class features mixed with global ones (a), relation module, no weights",
+           "fedstrategies.pfedpm:PFedPMStrategy", "clients.pfedpm:PFedPMClient"),
 )
 
 
