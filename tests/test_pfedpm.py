@@ -27,7 +27,7 @@ from tests.test_baselines import _spy
 
 ROOT = Path(__file__).resolve().parents[1]
 D = 50  # protocnn's feature width
-PFEDPM = {"method": "pfedpm", "model": "protocnn", "lr": 0.01, "momentum": 0.5, "batch-size": 10}
+PFEDPM = {"method": "pfedpm", "model": "protocnn", "lr": 0.01, "momentum": 0.5, "batch-size": 10, "client-threads": 1}
 
 
 def _rounds(summary) -> list[dict]:
