@@ -211,6 +211,69 @@ def resnet18(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return SplitModel(body, nn.Linear(body.out_dim, num_classes), body.out_dim)
 
 
+# ---------------------------------------------------------------- pFedPM / FedProto models
+
+class HeadDropoutModel(SplitModel):
+    """A ``SplitModel`` whose decision module is Dropout + Linear (FedProto's CNNMnist/CNNFemnist).
+
+    The dropout sits between body and head so that the body's output (the feature the prototype
+    methods average and regularise) is the clean pre-dropout ReLU output, and ``head`` stays a bare
+    ``nn.Linear`` as every method expects; ``classify`` is the whole decision module.
+    """
+
+    def __init__(self, body: nn.Module, head: nn.Linear, feature_dim: int, p: float = 0.5):
+        super().__init__(body, head, feature_dim)
+        self.head_dropout = nn.Dropout(p)
+
+    def classify(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits from features: dropout (active in train mode only), then the linear head."""
+        return self.head(self.head_dropout(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.body(x))
+
+
+def protocnn(input_shape: tuple[int, ...], num_classes: int, channels: int = 20, conv1_kernel: int = 5,
+             feature_dim: int = 50) -> SplitModel:
+    """FedProto's CNNMnist, pFedPM's MNIST/FEMNIST model: body to fc1 + ReLU (d = 50), head Dropout + Linear.
+
+    conv1(k) -> maxpool -> ReLU -> conv2(5x5, ``channels``) -> Dropout2d -> maxpool -> ReLU -> fc1 -> ReLU.
+    ``channels`` is pFedPM-mh's per-client width (18/20/22); fc1's input (16 * channels on 28x28) is
+    computed from the input, so every width gives the same ``feature_dim``. Inputs smaller than 14
+    pixels (8x8 digits) are padded so that the convs keep their size.
+    """
+    c, h, w = _image_shape("protocnn", input_shape)
+    small = _five_by_five_padding(h, w) > 0
+    convs = nn.Sequential(
+        nn.Conv2d(c, 10, conv1_kernel, padding=conv1_kernel // 2 if small else 0), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(10, int(channels), 5, padding=2 if small else 0), nn.Dropout2d(), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Flatten(),
+    )
+    body = nn.Sequential(*convs, nn.Linear(_flat_dim(convs, (c, h, w)), feature_dim), nn.ReLU())
+    return HeadDropoutModel(body, nn.Linear(feature_dim, num_classes), feature_dim)
+
+
+def protocnn_femnist(input_shape: tuple[int, ...], num_classes: int, channels: int = 20) -> SplitModel:
+    """FedProto's CNNFemnist: ``protocnn`` with a 3x3 first conv."""
+    return protocnn(input_shape, num_classes, channels=channels, conv1_kernel=3)
+
+
+def resnet18_tv(input_shape: tuple[int, ...], num_classes: int, stem_strides: tuple[int, int] = (2, 2)) -> SplitModel:
+    """ResNet-18 with the torchvision (ImageNet) stem, as FedProto and pFedPM use on CIFAR-10; d = 512.
+
+    Stem: 7x7 conv (stride ``stem_strides[0]``) -> BN -> ReLU -> 3x3 maxpool (stride
+    ``stem_strides[1]``). (2, 2) is torchvision's; pFedPM-mh's CIFAR-10 clients differ in these
+    strides ((1, 4) for half of them): both downsample by 4 before the first stage, and global
+    average pooling keeps d = 512 whatever the strides.
+    """
+    c, _, _ = _image_shape("resnet18-tv", input_shape)
+    s1, s2 = (int(s) for s in stem_strides)
+    body = ResNetBody(c, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2), strides=(1, 2, 2, 2))
+    body.stem = nn.Sequential(nn.Conv2d(c, 64, 7, stride=s1, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                              nn.MaxPool2d(3, stride=s2, padding=1))
+    return SplitModel(body, nn.Linear(body.out_dim, num_classes), body.out_dim)
+
+
 # ---------------------------------------------------------------- registry
 
 MODELS: dict[str, Callable[..., SplitModel]] = {
@@ -221,6 +284,9 @@ MODELS: dict[str, Callable[..., SplitModel]] = {
     "resnet8": resnet8,
     "resnet18": resnet18,
     "simplecnn": simplecnn,
+    "protocnn": protocnn,
+    "protocnn-femnist": protocnn_femnist,
+    "resnet18-tv": resnet18_tv,
 }
 
 

@@ -63,6 +63,8 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.fedmcsa:FedMCSAStrategy", "clients.fedmcsa:FedMCSAClient"),
     Method("majority", "each client predicts its most frequent training label (no training, no communication)",
            "fedstrategies.majority:MajorityStrategy", "clients.majority:MajorityClient"),
+    Method("pfedpm", "pFedPM (Xing et al.): class features mixed with global ones (a), relation module, no weights",
+           "fedstrategies.pfedpm:PFedPMStrategy", "clients.pfedpm:PFedPMClient"),
 )
 
 

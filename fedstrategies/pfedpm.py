@@ -1,0 +1,130 @@
+"""pFedPM (Xing et al., "Personalized federated learning based on feature fusion"): the server side.
+
+Clients never send weights: each uploads its per-class mean features C_i^(j) with the class counts
+n_ij (Eq. 6). The server averages them per class into global features C̄^(j) (Eq. 7) and sends those
+back to every client, which mixes them with its own (Eq. 8) and trains on its own. The server holds
+only the global features: no model parameters and no architecture, so clients may run different
+models as long as their features have the same width d (pFedPM-mh).
+
+``pfedpm.agg`` picks the reading of Eq. 7 (``fedstrategies.prototypes.aggregate_class_features``):
+``weighted`` (sum_i n_ij / N_j C_i^(j), weights summing to 1, the spec's default), ``paper_literal``
+(Eq. 7 as printed, which also divides by the number of holders and so shrinks the result) or
+``uniform`` (the plain mean over holders, as FedProto's code does). A class that nobody reported
+this round keeps its previous global feature. The global set starts empty, not at zeros (zeros would
+pull every feature towards 0); the clients' ``has-global-features`` flag says when it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcore import wire
+from fedcore.config import Key
+from fedstrategies.base import PersonalizedStrategy
+from fedstrategies.prototypes import aggregate_class_features, check_class_features, merge_class_features
+
+HPARAMS = {
+    "a": Key(0.5, "weight of the client's own class features in the mixed features (Eq. 8); the paper "
+                  "grid-searches it in [0, 1]", low=0.0, high=1.0),
+    "lambda": Key(1.0, "weight of the feature regulariser L_R in the local loss (Eq. 9); the paper uses "
+                       "1 on MNIST/FEMNIST, 0.1 on CIFAR-10", low=0.0),
+    "reg": Key("l2", "L_R: 'l2' = unsquared L2 distance of the mixed feature to the batch's class mean, "
+                     "averaged over the classes in the batch (Eq. 11); 'fedproto' = per-sample MSE to the "
+                     "mixed feature of the sample's class (FedProto's code)", choices=("l2", "fedproto")),
+    "agg": Key("weighted", "Eq. 7: 'weighted' (n_ij/N_j weights), 'paper_literal' (as printed, also / "
+                           "number of holders) or 'uniform' (plain mean over holders)",
+               choices=("weighted", "paper_literal", "uniform")),
+    "heterogeneous": Key(False, "pFedPM-mh: client architectures differ by partition id (protocnn: conv2 "
+                                "with 18/20/22 channels by thirds of the ids; resnet18-tv: stem strides "
+                                "(1, 4) for the first half, (2, 2) for the rest)"),
+}
+
+HAS_GLOBAL = "has-global-features"  # config flag: the train message carries global features
+GLOBAL_FEATURES = "global-features"  # record: class-ids (K,) int64, features (K, d) float32
+
+# pFedPM-mh: which builder keyword differs between clients, and its values by group of partition ids
+HETEROGENEOUS = {
+    "protocnn": ("channels", (18, 20, 22)),
+    "protocnn-femnist": ("channels", (18, 20, 22)),
+    "resnet18-tv": ("stem_strides", ((1, 4), (2, 2))),
+}
+
+
+def heterogeneous_kwargs(model: str, pid: int, num_clients: int) -> dict:
+    """Builder keywords of client ``pid`` in pFedPM-mh: consecutive, near-equal groups of partition ids
+    get the variants in order (20 clients, three widths: ids 0-6, 7-13, 14-19, as FedProto's code)."""
+    if model not in HETEROGENEOUS:
+        raise ValueError(f"pfedpm.heterogeneous needs model one of {', '.join(HETEROGENEOUS)}, got {model!r}")
+    key, variants = HETEROGENEOUS[model]
+    return {key: variants[pid * len(variants) // num_clients]}
+
+
+class PFedPMStrategy(PersonalizedStrategy):
+    """Keeps the global class features G = (class ids, (K, d) features, (K,) total counts), nothing else."""
+
+    checkpoint_attrs = ("class_ids", "features", "counts")
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
+        if self.hp["heterogeneous"]:
+            heterogeneous_kwargs(model.name, 0, 1)  # stop at start on a model without variants
+        self.class_ids = np.zeros(0, np.int64)
+        self.features: np.ndarray | None = None  # None until the first aggregation: G is empty
+        self.counts = np.zeros(0, np.int64)
+        self._packed = None
+        self._n_classes = {pid: int(np.count_nonzero(info.train_label_counts)) for pid, info in self.clients.items()}
+
+    # ------------------------------------------------------------------ down
+    def train_payload(self, pid, server_round):
+        if self.features is None:  # round 1: nothing to send, the flag says so
+            return {}
+        if self._packed is None:  # one record shared by every client: packed and counted once
+            self._packed = wire.pack_arrays({"class-ids": self.class_ids, "features": self.features})
+        return {GLOBAL_FEATURES: self._packed}
+
+    def train_config(self, pid, server_round):
+        return {HAS_GLOBAL: self.features is not None}
+
+    # evaluation needs nothing from the server: clients predict with the mixed features they trained on
+
+    # ------------------------------------------------------------------ up
+    def reply_schema(self, pid):
+        n, d = self._n_classes[pid], self.model.feature_dim
+        return {wire.CLASS_FEATURES: {"class-ids": (n,), "features": (n, d), "counts": (n,)}}
+
+    def check_reply(self, reply):
+        arrays = reply.arrays[wire.CLASS_FEATURES]
+        problem = check_class_features(arrays, self.num_classes, self.model.feature_dim)
+        if problem:
+            return problem
+        own = self.clients[reply.pid].train_label_counts
+        ids, counts = arrays["class-ids"], arrays["counts"]
+        if (own[ids] == 0).any():
+            return f"class ids {sorted(set(ids[own[ids] == 0].tolist()))} are not among the client's classes"
+        if (counts != own[ids]).any():  # Eq. 6 averages the whole local set: n_ij is the class's size
+            return "class counts differ from the client's training label counts"
+        return None
+
+    def example_reply(self, pid, phase, rng):
+        """A realistic reply for the server benchmark: one random d-vector per local class."""
+        if phase == "evaluate":
+            return {}
+        counts = self.clients[pid].train_label_counts
+        ids = np.flatnonzero(counts)
+        feats = rng.standard_normal((len(ids), self.model.feature_dim)).astype(np.float32)
+        return {wire.CLASS_FEATURES: wire.pack_class_features(ids, feats, counts[ids])}
+
+    # ------------------------------------------------------------------ rule
+    def aggregate(self, server_round, replies):
+        parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
+        new = aggregate_class_features([p["class-ids"] for p in parts], [p["features"] for p in parts],
+                                       [p["counts"] for p in parts], self.num_classes, self.hp["agg"])
+        reported = len(new[0])
+        old = None if self.features is None else (self.class_ids, self.features, self.counts)
+        self.class_ids, self.features, self.counts = merge_class_features(new, old)
+        self._packed = None
+        return {"classes-reported": reported, "global-classes": len(self.class_ids)}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._packed = None
