@@ -13,7 +13,6 @@ import random
 from functools import lru_cache
 
 import numpy as np
-import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -21,6 +20,7 @@ from clients import faults, state_store
 from clients.base import ClientEnv, message_seed, set_client_threads
 from fedcore import wire
 from fedcore.config import Config
+from fedcore.models import seed_torch
 from fedcore.registry import get_method
 
 app = ClientApp()
@@ -48,7 +48,7 @@ def _env(msg: Message, context: Context, phase: str) -> ClientEnv:
     config = dict(msg.content.config_records[wire.CONFIG]) if wire.CONFIG in msg.content.config_records else {}
     server_round = int(config.get(wire.SERVER_ROUND, 0))
     seed = message_seed(cfg["seed"], pid, server_round, phase)
-    torch.manual_seed(seed)
+    seed_torch(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
     folder = state_store.state_dir(cfg, dict(context.node_config), str(config.get(wire.RUN_TOKEN, "")), pid)

@@ -70,7 +70,7 @@ def dataset_params(cfg: Config) -> dict:
     return cfg.section(cfg["dataset"])
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=4096)  # every client of an in-process run: one process may serve hundreds
 def _client_data(key: tuple, pid: int, device: str) -> ClientData:
     """One client's split as tensors: from the partition cache on disk if there, else from the whole
     dataset (then cached), so a ClientApp process per message does not load and split it each time."""

@@ -27,7 +27,7 @@ from torch import nn
 from clients.base import ClientMethod, EvalResult
 from clients.training import class_means, evaluate_model, extract_features
 from fedcore import wire
-from fedcore.models import resolve_model_name, seeded_model
+from fedcore.models import resolve_model_name, seed_torch, seeded_model
 from fedstrategies.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL, heterogeneous_kwargs
 
 # client state names
@@ -125,7 +125,7 @@ class PFedPMClient(ClientMethod):
 
     def load_relation(self, feature_dim: int) -> RelationModule:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.cfg["seed"] * 1000 + RELATION_SEED_TAG)
+            seed_torch(self.cfg["seed"] * 1000 + RELATION_SEED_TAG)
             relation = RelationModule(feature_dim)
         relation.to(self.env.device)
         self.env.load_module(RELATION, relation)

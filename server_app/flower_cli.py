@@ -14,6 +14,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -46,7 +47,19 @@ def flower_env(home: Path, **extra: str) -> dict[str, str]:
     """Environment for one Flower process: our env vars, its own FLWR_HOME, and the virtualenv's
     bin/ first on PATH (a SuperLink or SuperNode spawns ``flower-superexec`` by name)."""
     path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    return {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path, **extra}
+    return {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path, **_ray_tmpdir(), **extra}
+
+
+RAY_SOCKET_TAIL = len("/ray/session_2026-01-01_00-00-00_000000_1234567/sockets/plasma_store")
+
+
+def _ray_tmpdir() -> dict[str, str]:
+    """Ray puts AF_UNIX sockets under the temp dir, and a path over 107 bytes crashes the simulation
+    ("Simulation Runtime crashed"); with a long TMPDIR, point Ray at /tmp instead."""
+    tmp = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    if len(tmp) + RAY_SOCKET_TAIL <= 107 or not os.access("/tmp", os.W_OK):
+        return {}
+    return {"RAY_TMPDIR": "/tmp"}
 
 
 def start(cmd: list[str], env: dict, cwd: Path, log: Path | None = None) -> subprocess.Popen:
@@ -55,14 +68,61 @@ def start(cmd: list[str], env: dict, cwd: Path, log: Path | None = None) -> subp
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc; empty where there is none). Ray's workers and agents
+    start their own sessions, so killing the process group alone leaves them running."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command name may hold spaces and parens
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def stop(proc: subprocess.Popen, grace: float = 15) -> None:
+    """Stop ``proc``, its process group and every descendant (SIGTERM, then SIGKILL after ``grace`` s)."""
+    if proc.poll() is not None:
+        return
+    tree = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _signal_all(tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    while time.monotonic() < deadline and any(_alive(p) for p in tree):
+        time.sleep(0.2)
+    _signal_all([p for p in tree if _alive(p)], signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """True for a running process (a zombie waiting for its parent counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def exit_on_sigterm() -> None:

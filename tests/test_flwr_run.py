@@ -4,6 +4,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from server_app.launch import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +49,15 @@ def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_
 
 
 def test_a_failing_server_app_is_reported_as_failed(tmp_path):
-    """flwr run exits 0 here; the launcher must still see the failure (num-server-rounds=0 is invalid)."""
-    result = simulate({"method": "fedavg", "dataset": "digits", "num-server-rounds": 0,
+    """flwr run exits 0 here; the launcher must still see the failure. A bad config is refused before
+    anything starts; a run to resume whose checkpoints folder holds no readable checkpoint passes that
+    check and fails inside the ServerApp."""
+    from fedcore.config import ConfigError
+
+    with pytest.raises(ConfigError, match="num-server-rounds"):
+        simulate({"method": "fedavg", "num-server-rounds": 0}, supernodes=2, app_dir=ROOT)
+    (tmp_path / "bad" / "checkpoints").mkdir(parents=True)
+    result = simulate({"method": "fedavg", "dataset": "digits", "num-server-rounds": 1, "resume": True,
                        "results-dir": str(tmp_path), "run-name": "bad"},
                       supernodes=2, app_dir=ROOT, stream=False, timeout=600, flwr_home=tmp_path / "flwr-home")
     assert result["status"] == "finished:failed", result

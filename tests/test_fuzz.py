@@ -182,7 +182,9 @@ def damage(reply: Message, msg: Message, mutation: str, draw, schema: dict) -> M
 @pytest.mark.parametrize("method", sorted(REGISTRY))
 def test_malformed_replies_never_crash_the_server_nor_change_its_state(method):
     base = _round(method)
-    seen = {"damaged": 0}
+    if not base.replies:
+        pytest.skip(f"{method} sends no train messages")
+    seen = {"damaged": 0, "tried": 0}
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
@@ -191,6 +193,7 @@ def test_malformed_replies_never_crash_the_server_nor_change_its_state(method):
         victim = data.draw(st.integers(0, len(base.replies) - 1))
         has_arrays = bool(_arrays(base.replies[victim].content))
         mutation = data.draw(st.sampled_from(METRIC_MUTATIONS + (ARRAY_MUTATIONS if has_arrays else ())))
+        seen["tried"] += 1
         bad = damage(base.replies[victim], base.msgs[victim], mutation, data.draw, base.schema(victim))
         if bad is None:
             return
@@ -207,4 +210,6 @@ def test_malformed_replies_never_crash_the_server_nor_change_its_state(method):
         seen["damaged"] += 1
 
     check()
-    assert seen["damaged"] >= 0.5 * EXAMPLES  # most draws really damaged a reply
+    # Most draws really damaged a reply. Hypothesis stops early once it has tried every distinct draw (small
+    # search spaces, as for methods whose replies carry no arrays), so compare with the draws it made.
+    assert seen["damaged"] >= 0.5 * seen["tried"] and seen["damaged"] >= min(50, EXAMPLES), seen
