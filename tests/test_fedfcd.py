@@ -390,6 +390,25 @@ def _strategy_for_digits(tmp_path) -> FedFCDStrategy:
     return FedFCDStrategy(cfg, {}, facts)
 
 
+@pytest.mark.parametrize("download", ["all", "own"])
+def test_12_download_is_2cd_plus_c_floats_plus_class_ids_one_shared_record(download):
+    strategy = _strategy(num_clients=10, **{"gfr-download": download})  # classes 0..9 all reported
+    strategy.aggregate(0, _replies(strategy))
+    payloads = [strategy.train_payload(pid, 1) for pid in strategy.clients]
+    floats = {pid: sum(a.size for r in p.values() for a in wire.unpack_arrays(r).values() if a.dtype.kind == "f")
+              for pid, p in enumerate(payloads)}
+    d = strategy.model.feature_dim
+    if download == "all":
+        assert set(floats.values()) == {2 * C * d + C}  # W_g, b_g and the C x d GFR table
+        assert all(p[wire.CLASS_FEATURES] is payloads[0][wire.CLASS_FEATURES] for p in payloads)  # packed once
+    else:  # only the rows of the client's own two classes
+        assert set(floats.values()) == {C * d + C + 2 * d}
+        ids, _, _ = wire.unpack_class_features(payloads[3][wire.CLASS_FEATURES])
+        assert ids.tolist() == [3, 4]
+    assert all(p[GLOBAL_HEAD] is payloads[0][GLOBAL_HEAD] for p in payloads)
+    assert set(strategy.evaluate_payload(0, 1)) == {GLOBAL_HEAD}  # evaluation needs only phi_g
+
+
 def test_12_defaults_match_the_paper():
     defaults = {k: v.default for k, v in HPARAMS.items()}
     assert defaults["lr-feature"] == defaults["lr-personal-head"] == defaults["lr-global-head"] == 0.01
