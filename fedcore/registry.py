@@ -65,6 +65,8 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.majority:MajorityStrategy", "clients.majority:MajorityClient"),
     Method("pfedpm", "pFedPM (Xing et al.): class features mixed with global ones (a), relation module, no weights",
            "fedstrategies.pfedpm:PFedPMStrategy", "clients.pfedpm:PFedPMClient"),
+    Method("fedfcd", "FedFCD (Li et al. 2024): feature alignment, server-trained global head, decision fusion",
+           "fedstrategies.fedfcd:FedFCDStrategy", "clients.fedfcd:FedFCDClient"),
 )
 
 

@@ -1,0 +1,142 @@
+"""FedFCD (Li, Wang, Wang, CMC 2024): feature alignment, a server-trained global head, decision fusion.
+
+Clients keep a personal extractor theta_i and a personal head phi_i that never leave them; they
+upload one mean feature (LFR) per local class with its count. The server
+
+1. trains the global head phi_g on this round's (LFR, label) pairs with cross-entropy (Eq. 4:
+   one shuffled epoch, batch 10, SGD 0.01; phi_g and its optimiser persist across rounds), and
+2. averages the LFRs per class into global features (GFRs, Eq. 5 with weights that sum to 1);
+   classes nobody reported this round keep their previous GFR,
+
+and sends phi_g and the GFRs down. Round 0 (the base's preparation phase) collects the LFRs of
+the untrained extractors from every client and runs the same rule, so round 1 already has phi_g
+and a GFR for every class present anywhere ("all clients upload their LFR before training
+commences"). No model weights are averaged.
+
+Wire: up ``class-features`` (class ids, LFRs, counts); down ``global-head`` (weight (C, d), bias
+(C,)) and ``class-features`` (the GFRs: class ids, (K, d) features, counts), so 2Cd + C floats
+when every class has a GFR (``gfr-download = "own"`` sends only the rows of the client's classes,
+which are all its training uses). Evaluation needs only the global head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedcore import wire
+from fedcore.config import Key
+from fedstrategies.base import PersonalizedStrategy
+from fedstrategies.fedfcd_math import GlobalHead
+from fedstrategies.prototypes import aggregate_class_features, check_class_features
+
+HPARAMS = {
+    "lambda": Key(1.0, "weight of the feature-alignment term R_i (Eq. 6); paper: 1 for FMNIST, 5 for CIFAR",
+                  low=0.0),
+    "lr-feature": Key(0.01, "eta_f: client SGD learning rate of the extractor (stage A)", low=0.0, low_open=True),
+    "lr-personal-head": Key(0.01, "eta_phi_i: client SGD learning rate of the personal head (stage B)",
+                            low=0.0, low_open=True),
+    "lr-global-head": Key(0.01, "eta_phi_g: server SGD learning rate of the global head", low=0.0, low_open=True),
+    "server-batch-size": Key(10, "mini-batch size of the server's head training", low=1),
+    "server-epochs": Key(1, "epochs of head training over each round's (LFR, label) pairs", low=1),
+    "gfr-weighting": Key("weighted", "GFR = per-class mean of LFRs: count-weighted (Eq. 5 corrected), uniform "
+                         "(FedProto/PFLlib code) or paper_literal (Eq. 5 as printed, shrunk by 1/|m_j|)",
+                         choices=("weighted", "uniform", "paper_literal")),
+    "gfr-download": Key("all", "GFR rows sent down: every class (spec) or only the client's own classes",
+                        choices=("all", "own")),
+    "alternation": Key("epoch", "hierarchical optimisation: a full extractor pass then a full head pass per "
+                       "epoch, or one extractor step then one head step per mini-batch", choices=("epoch", "batch")),
+    "feature-alignment": Key(True, "false = ablation 'w/o FA': no lambda term"),
+    "decision-fusion": Key(True, "false = ablation 'w/o FD': logits = personal head only (training and inference)"),
+    "hierarchical": Key(True, "false = ablation 'w/o HO': one joint SGD step on extractor and personal head per batch"),
+}
+
+GLOBAL_HEAD = "global-head"  # record: the global head phi_g, arrays "weight" (C, d) and "bias" (C,)
+
+
+class FedFCDStrategy(PersonalizedStrategy):
+    checkpoint_attrs = ("head", "gfr", "gfr_mask", "gfr_counts")
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
+        c, d = self.num_classes, self.model.feature_dim
+        # phi_g(0) = the seeded initial model's head, which is also every client's phi_i(0)
+        self.head = GlobalHead(self.initial_weights["head.weight"], self.initial_weights["head.bias"],
+                               lr=self.hp["lr-global-head"])
+        self.gfr = np.zeros((c, d), np.float32)  # row j: GFR of class j (valid where gfr_mask)
+        self.gfr_mask = np.zeros(c, bool)
+        self.gfr_counts = np.zeros(c, np.int64)  # N_j of the round that set row j
+        self._packed: dict = {}  # this round's records, packed once and shared by every message
+
+    # ---------------------------------------------------------------- round 0: LFRs of the untrained extractors
+    def prepare_targets(self):
+        return list(self.clients)
+
+    def prepare_schema(self, pid):
+        return self.reply_schema(pid)
+
+    def aggregate_prepare(self, replies):
+        return self.aggregate(0, replies)
+
+    # ---------------------------------------------------------------- payloads
+    def _head_record(self):
+        if "head" not in self._packed:
+            self._packed["head"] = wire.pack_arrays(self.head.arrays())
+        return self._packed["head"]
+
+    def _gfr_record(self, pid: int):
+        """The GFRs a client gets: all classes that have one, or (``own``) those among its classes."""
+        rows = self.gfr_mask.copy()
+        if self.hp["gfr-download"] == "own":
+            rows &= self.clients[pid].train_label_counts > 0
+        key = ("gfr", rows.tobytes())  # clients with the same rows share one record
+        if key not in self._packed:
+            ids = np.flatnonzero(rows)
+            self._packed[key] = wire.pack_class_features(ids, self.gfr[ids], self.gfr_counts[ids])
+        return self._packed[key]
+
+    def train_payload(self, pid, server_round):
+        return {GLOBAL_HEAD: self._head_record(), wire.CLASS_FEATURES: self._gfr_record(pid)}
+
+    def evaluate_payload(self, pid, server_round):
+        return {GLOBAL_HEAD: self._head_record()}
+
+    # ---------------------------------------------------------------- replies
+    def reply_schema(self, pid):
+        return {wire.CLASS_FEATURES: dict(wire.CLASS_FEATURES_SCHEMA)}
+
+    def check_reply(self, reply):
+        arrays = reply.arrays[wire.CLASS_FEATURES]
+        problem = check_class_features(arrays, self.num_classes, self.model.feature_dim)
+        if problem:
+            return problem
+        # The counts weigh the GFRs: they must be the class sizes the client reported at the handshake.
+        own = self.clients[reply.pid].train_label_counts
+        ids, counts = arrays["class-ids"], arrays["counts"]
+        if not (np.array_equal(np.sort(ids), np.flatnonzero(own)) and np.array_equal(counts, own[ids])):
+            return "class ids and counts differ from the client's training label counts"
+        return None
+
+    def aggregate(self, server_round, replies):
+        """Train phi_g on this round's (LFR, label) pairs (Eq. 4), then update the GFRs (Eq. 5)."""
+        parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
+        ids = [p["class-ids"] for p in parts]
+        feats = [p["features"] for p in parts]
+        counts = [p["counts"] for p in parts]
+        x = torch.from_numpy(np.concatenate(feats).astype(np.float32, copy=False))
+        y = torch.from_numpy(np.concatenate(ids).astype(np.int64, copy=False))
+        before = self.head.loss(x, y)
+        batch_loss = self.head.train(x, y, batch_size=self.hp["server-batch-size"], epochs=self.hp["server-epochs"],
+                                     generator=self.torch_generator)
+        after = self.head.loss(x, y)
+        classes, means, totals = aggregate_class_features(ids, feats, counts, self.num_classes,
+                                                          self.hp["gfr-weighting"])
+        # Classes nobody reported this round keep their previous row (as merge_class_features does).
+        self.gfr[classes], self.gfr_mask[classes], self.gfr_counts[classes] = means, True, totals
+        self._packed = {}
+        return {"head-loss-before": before, "head-loss-after": after, "head-batch-loss": batch_loss,
+                "head-pairs": len(y), "gfr-classes": int(self.gfr_mask.sum())}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._packed = {}
