@@ -59,6 +59,8 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient"),
     Method("ditto", "Ditto (Li et al. 2021): personal model with a proximal pull to the global one",
            "fedstrategies.ditto:DittoStrategy", "clients.ditto:DittoClient"),
+    Method("mupfl", "MuPFL (Zhang et al. 2023): activation dropout, clustered updates, classifier tuning on federated features",
+           "fedstrategies.mupfl:MuPFLStrategy", "clients.mupfl:MuPFLClient"),
 )
 
 
