@@ -159,14 +159,21 @@ class MuPFLStrategy(PersonalizedStrategy):
         return records
 
     # ------------------------------------------------------------------ rules
+    def heads_pretrained(self) -> bool:
+        """Whether this round's clients pre-trained their heads (the client's rule, from the same
+        flags), i.e. whether their start heads differ from the global one. Before ``match``."""
+        return bool(self.hp["pkcf"] and self.has_features and self.hp["features-per-class"] > 0
+                    and self.hp["head-epochs"] > 0)
+
     def _update_gram(self, replies) -> np.ndarray:
         """<dw_i, dw_j> over all trainable tensors (BN buffers excluded), dw_i = w_i - w_i^start,
         one tensor at a time so that no (clients x parameters) matrix is ever formed."""
         m = len(replies)
         gram = np.zeros((m, m))
+        pretrained = self.heads_pretrained()
         for key in self.param_keys:
             rows = np.stack([r.arrays[wire.WEIGHTS][key].reshape(-1) for r in replies])
-            if self.hp["pkcf"] and key in self.head_keys:
+            if pretrained and key in self.head_keys:
                 rows -= np.stack([r.arrays[START_HEAD][key].reshape(-1) for r in replies])
             else:
                 rows -= self.global_weights[key].reshape(1, -1)
@@ -196,10 +203,11 @@ class MuPFLStrategy(PersonalizedStrategy):
         omega = mm.cluster_weights(clustering.labels, n)
         v_ref = {k: self.global_weights[k].copy() for k in self.head_keys}  # the head the clients received
         weights = [r.arrays[wire.WEIGHTS] for r in replies]
-        # Eqs. 14-15: sum_i (n_i/n) w_i^start + sum_i (omega_i/n) dw_i. Bodies start equal, so they
-        # are the omega-weighted mean of the client bodies; heads add sum (n_i - omega_i)/n v_i.
+        # Eqs. 14-15: sum_i (n_i/n) w_i^start + sum_i (omega_i/n) dw_i. Bodies start equal (so do
+        # heads without PKCF pre-training), and sum omega_i = n: the omega-weighted mean of the
+        # client models; pre-trained heads add sum_i (n_i - omega_i)/n v_i.
         new = weighted_average(({k: w[k] for k in self.param_keys} for w in weights), omega)
-        if self.hp["pkcf"]:
+        if self.heads_pretrained():
             heads = [r.arrays[START_HEAD] for r in replies]
             by_n, by_omega = weighted_average(heads, n), weighted_average(heads, omega)
             for k in self.head_keys:
@@ -216,15 +224,15 @@ class MuPFLStrategy(PersonalizedStrategy):
 
     def match(self, replies, v_ref: dict[str, np.ndarray]) -> dict:
         """PKCF on the server: average the per-class gradients (Eq. 17) and move H to match them."""
-        z, reported = mm.average_class_gradients(np.stack([r.arrays[GRADIENTS]["z"] for r in replies]),
-                                                 np.stack([r.arrays[GRADIENTS]["present"] for r in replies]))
+        z, reported = mm.average_class_gradients((r.arrays[GRADIENTS]["z"], r.arrays[GRADIENTS]["present"])
+                                                 for r in replies)
         m = self.hp["features-per-class"]
         if m == 0 or not reported.any():
             return {"match-loss": 0.0}
         features = torch.from_numpy(self.features.copy())
         weight, bias = (torch.from_numpy(v_ref[k]) for k in (HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"))
         _, after = mm.match_features(features, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
-                                     weight, bias, m, self.hp["match-steps"], self.hp["match-lr"])
+                                     weight, bias, self.hp["match-steps"], self.hp["match-lr"])
         self.features = features.numpy()
         self.has_features = True
         self._packed_features = None

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.cluster import KMeans
+from sklearn.metrics import silhouette_score
 
 # ============================================================================ BAVD (client)
 
@@ -140,8 +142,6 @@ class Clustering:
 
 def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
     """scikit-learn k-means (k-means++ init, ``n_init`` restarts, fixed seed)."""
-    from sklearn.cluster import KMeans
-
     with warnings.catch_warnings():  # fewer distinct points than k: sklearn warns and merges them
         warnings.simplefilter("ignore")
         return KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed).fit_predict(points)
@@ -150,8 +150,6 @@ def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np
 def silhouette(distance: np.ndarray, labels: np.ndarray) -> float | None:
     """Mean silhouette (Eqs. 9-12) on a precomputed distance (scikit-learn: S(i) = 0 for singletons);
     None when it is undefined (fewer than 2 or more than m - 1 distinct clusters)."""
-    from sklearn.metrics import silhouette_score
-
     k = len(np.unique(labels))
     if not 2 <= k <= len(labels) - 1:
         return None
@@ -220,15 +218,29 @@ def cluster_models(starts: np.ndarray, updates: np.ndarray, labels: np.ndarray) 
 # ============================================================================ PKCF (server + client)
 
 
+def _gradients_of_blocks(h_blocks: torch.Tensor, r_blocks: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Row k = flattened (sum_j r_j h_j^T, sum_j r_j) / n_k over the samples j of class k, from
+    class blocks h (K, w, d) and residuals r = softmax - onehot (K, w, K), zero-padded to width w."""
+    K, _, d = h_blocks.shape
+    scale = 1.0 / counts.clamp(min=1).to(h_blocks.dtype)
+    grad_w = torch.bmm(r_blocks.transpose(1, 2), h_blocks) * scale[:, None, None]  # (K, K, d)
+    grad_b = r_blocks.sum(1) * scale[:, None]  # (K, K)
+    return torch.cat([grad_w.reshape(K, K * d), grad_b], dim=1)
+
+
+def _residuals(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+               num_classes: int) -> torch.Tensor:
+    """softmax(W h + b) - onehot(y): the CE gradient with respect to the logits."""
+    return torch.softmax(features @ weight.T + bias, dim=1) - F.one_hot(labels, num_classes).to(features.dtype)
+
+
 def class_gradients(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                     num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-class mean cross-entropy gradient of a linear head, in closed form (Eqs. 16 and 19).
+    """Per-class mean cross-entropy gradient of a linear head, in closed form (Eq. 16).
 
     For logits W h + b, grad_W CE(., k) = (softmax - onehot(k)) h^T and grad_b = softmax - onehot(k);
     z^k is their mean over the samples of class k. Samples are scattered into a (K, n_max, .) block
-    by their rank within their class, so one batched matmul serves any label order (and the
-    class-major synthetic features need no scatter at all). Differentiable in ``features`` (the
-    server's matching runs autograd through it).
+    by their rank within their class, so one batched matmul serves any label order.
 
     Returns
     -------
@@ -242,18 +254,15 @@ def class_gradients(features: torch.Tensor, labels: torch.Tensor, weight: torch.
     present = counts > 0
     if n == 0:
         return features.new_zeros(K, K * d + K), present
-    residual = torch.softmax(features @ weight.T + bias, dim=1) - F.one_hot(labels, K).to(features.dtype)
+    residual = _residuals(features, labels, weight, bias, K)
     order = torch.argsort(labels, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.empty_like(labels)
     rank[order] = torch.arange(n, device=labels.device) - starts[labels[order]]
     width = int(counts.max())
-    blocks_r = features.new_zeros(K, width, K).index_put((labels, rank), residual)
-    blocks_h = features.new_zeros(K, width, d).index_put((labels, rank), features)
-    scale = 1.0 / counts.clamp(min=1).to(features.dtype)
-    grad_w = torch.bmm(blocks_r.transpose(1, 2), blocks_h) * scale[:, None, None]  # (K, K, d)
-    grad_b = blocks_r.sum(1) * scale[:, None]  # (K, K)
-    return torch.cat([grad_w.reshape(K, K * d), grad_b], dim=1), present
+    r_blocks = features.new_zeros(K, width, K).index_put((labels, rank), residual)
+    h_blocks = features.new_zeros(K, width, d).index_put((labels, rank), features)
+    return _gradients_of_blocks(h_blocks, r_blocks, counts), present
 
 
 def synthetic_labels(num_classes: int, per_class: int, device=None) -> torch.Tensor:
@@ -261,12 +270,30 @@ def synthetic_labels(num_classes: int, per_class: int, device=None) -> torch.Ten
     return torch.arange(num_classes, device=device).repeat_interleave(per_class)
 
 
-def average_class_gradients(gradients: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_class_gradients(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """zhat of Eq. 19 for the class-major federated features H (K*m, d): ``class_gradients`` without
+    the scatter (the rows already are the class blocks); differentiable in H, which the server's
+    matching runs autograd through."""
+    K = weight.shape[0]
+    m, d = features.shape[0] // K, features.shape[1]
+    residual = _residuals(features, synthetic_labels(K, m, features.device), weight, bias, K)
+    counts = torch.full((K,), m, device=features.device)
+    return _gradients_of_blocks(features.view(K, m, d), residual.view(K, m, K), counts)
+
+
+def average_class_gradients(replies) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 17: z_glo^k = mean of z_i^k over the clients that report class k (S^k), never over the
-    others; returns (z_glo (K, G), reported (K,) bool)."""
-    present = np.asarray(present, dtype=bool)
-    counts = present.sum(0)
-    total = np.einsum("mk,mkg->kg", present.astype(np.float64), np.asarray(gradients, dtype=np.float64))
+    others. ``replies`` yields (Z_i (K, G), present_i (K,)) pairs; they are summed one at a time
+    (no stack of all clients). Returns (z_glo (K, G), reported (K,) bool)."""
+    total, counts = None, None
+    for z, present in replies:
+        present = np.asarray(present, dtype=np.float64)
+        if total is None:
+            total, counts = np.zeros(np.shape(z)), np.zeros(len(present))
+        total += present[:, None] * z
+        counts += present
+    if total is None:
+        raise ValueError("no class gradients to average")
     z = np.divide(total, counts[:, None], out=np.zeros_like(total), where=counts[:, None] > 0)
     return z, counts > 0
 
@@ -281,31 +308,29 @@ def matching_loss(target: torch.Tensor, synthetic: torch.Tensor, reported: torch
 
 
 def match_features(features: torch.Tensor, target: torch.Tensor, reported: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor, per_class: int, steps: int, lr: float) -> tuple[float, float]:
+                   bias: torch.Tensor, steps: int, lr: float) -> tuple[float, float]:
     """Optimise the federated features H in place for ``steps`` SGD steps on ``matching_loss``
     (mupfl.md 4, PKCF step 3), at the classifier (weight, bias) the clients' gradients were taken at.
 
-    Plain SGD without momentum keeps no state between rounds, so a new optimiser per round is the
-    same as CReFF's persistent one. Returns the matching loss before and after.
+    The step is written out (h <- h - lr * grad): plain SGD without momentum keeps no state, so it
+    equals CReFF's persistent ``torch.optim.SGD`` and needs no optimiser object (whose first
+    construction imports torch's compiler, seconds on a busy server). Returns the matching loss
+    before and after.
     """
-    K = target.shape[0]
-    labels = synthetic_labels(K, per_class, features.device)
     weight, bias = weight.detach(), bias.detach()
 
     def loss_of(h):
-        return matching_loss(target, class_gradients(h, labels, weight, bias, K)[0], reported)
+        return matching_loss(target, synthetic_class_gradients(h, weight, bias), reported)
 
     with torch.no_grad():
         before = float(loss_of(features))
     if steps == 0 or features.numel() == 0 or not bool(reported.any()):
         return before, before
     h = features.detach().clone().requires_grad_(True)
-    optimizer = torch.optim.SGD([h], lr=lr)
     for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(h)
-        loss.backward()
-        optimizer.step()
+        (grad,) = torch.autograd.grad(loss_of(h), h)
+        with torch.no_grad():
+            h -= lr * grad
     with torch.no_grad():
         features.copy_(h)
         after = float(loss_of(features))
