@@ -68,9 +68,9 @@ def round_lr(base_lr: float, decay: float, every: int, server_round: int) -> flo
 
 class MuPFLStrategy(PersonalizedStrategy):
     """Global model + federated features on the server; clustering is re-done every round (no
-    cluster state), so the state between rounds is the global model and H."""
+    cluster state), so the state between rounds is the global model, H and who has trained."""
 
-    checkpoint_attrs = ("global_weights", "features", "has_features")
+    checkpoint_attrs = ("global_weights", "features", "has_features", "trained")
 
     def __init__(self, cfg, clients, model):
         super().__init__(cfg, clients, model)
@@ -88,36 +88,38 @@ class MuPFLStrategy(PersonalizedStrategy):
         self.features = (torch.randn((K * m, d), generator=self.torch_generator).numpy()
                          if self.hp["pkcf"] else np.zeros((0, d), np.float32))
         self.has_features = False
+        self.trained: set[int] = set()  # clients that sent a valid train reply (they keep a model)
         self._packed = None
         self._packed_features = None
 
     # ------------------------------------------------------------------ down
-    def _payload(self) -> dict:
+    def _payload(self, with_features: bool) -> dict:
         if self._packed is None:
             self._packed = wire.pack_arrays(self.global_weights)
         payload = {wire.WEIGHTS: self._packed}
-        if self.has_features:
+        if with_features:
             if self._packed_features is None:
                 self._packed_features = wire.pack_arrays({"features": self.features})
             payload[FEATURES] = self._packed_features
         return payload
 
-    def _config(self, server_round: int) -> dict:
+    def _config(self, server_round: int, with_features: bool) -> dict:
         lr = round_lr(self.cfg["lr"], self.hp["lr-decay"], self.hp["lr-decay-every"], server_round)
-        return {"lr": lr, HAS_FEATURES: self.has_features}
+        return {"lr": lr, HAS_FEATURES: with_features}
 
     def train_payload(self, pid, server_round):
-        return self._payload()
+        return self._payload(self.has_features)
 
     def train_config(self, pid, server_round):
-        return self._config(server_round)
+        return self._config(server_round, self.has_features)
 
     def evaluate_payload(self, pid, server_round):
-        """A client that never trained evaluates (u_glo, its PKCF head) (mupfl.md 6)."""
-        return self._payload()
+        """A client that never trained evaluates (u_glo, its PKCF head) (mupfl.md 6), so it gets H;
+        the others evaluate their own latest model (the global one only if their state is lost)."""
+        return self._payload(self.has_features and pid not in self.trained)
 
     def evaluate_config(self, pid, server_round):
-        return self._config(server_round)
+        return self._config(server_round, self.has_features and pid not in self.trained)
 
     # ------------------------------------------------------------------ up
     def reply_schema(self, pid):
@@ -199,6 +201,7 @@ class MuPFLStrategy(PersonalizedStrategy):
 
     def aggregate(self, server_round, replies):
         n = np.array([r.num_examples for r in replies], dtype=np.float64)
+        self.trained.update(r.pid for r in replies)
         clustering = self.cluster(server_round, replies)
         omega = mm.cluster_weights(clustering.labels, n)
         v_ref = {k: self.global_weights[k].copy() for k in self.head_keys}  # the head the clients received

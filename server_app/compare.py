@@ -241,7 +241,8 @@ def target_row(rounds: list[int | None]) -> dict:
 def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) -> None:
     target = preset["compare"].get("target-acc")
     with open(out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS + ["client_acc_std_within"] + (TARGET_COLUMNS if target is not None else []))
+        w = csv.DictWriter(f, COLUMNS + ["client_acc_std_within"] + (TARGET_COLUMNS if target is not None else []),
+                           extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     spec = preset["compare"]
