@@ -113,27 +113,32 @@ def measure(method: str, n: int, extra: dict) -> dict:
         strategy.aggregate_prepare_replies(replies)
         times["prepare"] += time.perf_counter() - t
         del replies
-    t = time.perf_counter()
+    cpu = 0.0  # process CPU seconds of the round's timed parts: wall time misleads on a shared machine
+    t, c = time.perf_counter(), time.process_time()
     msgs = list(strategy.configure_train(1, arrays, config, None))
     times["configure"] = time.perf_counter() - t
+    cpu += time.process_time() - c
     replies = [fake_reply(strategy, m, "train", rng) for m in msgs]
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     strategy.aggregate_train(1, replies)
     times["aggregate"] = time.perf_counter() - t
+    cpu += time.process_time() - c
     del replies, msgs
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     msgs = list(strategy.configure_evaluate(1, arrays, config, None))
     times["evaluate"] = time.perf_counter() - t
+    cpu += time.process_time() - c
     replies = [fake_reply(strategy, m, "evaluate", rng) for m in msgs]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     strategy.aggregate_evaluate(1, replies)
     times["evaluate"] += time.perf_counter() - t
+    cpu += time.process_time() - c
     rss2 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if strategy.dropped:
         raise SystemExit(f"{method}: the benchmark's replies were dropped: {strategy.dropped[:2]}")
     return {"method": method, "clients": n, **{f"{k}_s": v for k, v in times.items()},
-            "round_s": times["configure"] + times["aggregate"] + times["evaluate"],
+            "round_s": times["configure"] + times["aggregate"] + times["evaluate"], "round_cpu_s": cpu,
             "peak_growth_mb": max(rss2 - max(rss0, rss1), 0) / 1024,
             "sampled": len(strategy.sample_train(1))}
 
@@ -149,7 +154,7 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict) -> list[
                 raise SystemExit(f"{method} at {n} clients failed:\n{done.stderr[-3000:]}")
             row = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append(row)
-            print(f"{method:>10} {n:>5} clients: round {row['round_s']:.3f} s (configure {row['configure_s']:.3f}, "
+            print(f"{method:>10} {n:>5} clients: round {row['round_s']:.3f} s, {row['round_cpu_s']:.3f} CPU s (configure {row['configure_s']:.3f}, "
                   f"aggregate {row['aggregate_s']:.3f}, evaluate {row['evaluate_s']:.3f}, prepare "
                   f"{row['prepare_s']:.3f}), peak +{row['peak_growth_mb']:.0f} MB", flush=True)
     write(rows, out)
@@ -157,7 +162,7 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict) -> list[
 
 
 def write(rows: list[dict], out: Path) -> None:
-    fields = ["method", "clients", "sampled", "round_s", "configure_s", "aggregate_s", "evaluate_s", "prepare_s",
+    fields = ["method", "clients", "sampled", "round_s", "round_cpu_s", "configure_s", "aggregate_s", "evaluate_s", "prepare_s",
               "peak_growth_mb"]
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fields, extrasaction="ignore")
