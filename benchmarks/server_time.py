@@ -99,7 +99,7 @@ def measure(method: str, n: int, extra: dict) -> dict:
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     cfg = _config(method, extra)
-    facts = model_facts("cnn", (1, 28, 28), 10, 0)
+    facts = model_facts(cfg["model"], (1, 28, 28), 10, 0)  # "cnn" unless --run-config names another
     strategy = get_method(method).strategy(cfg, fake_clients(n), facts)
     rng = np.random.default_rng(0)
     arrays, config = ArrayRecord(), ConfigRecord()

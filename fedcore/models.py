@@ -143,6 +143,60 @@ def simplecnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return SplitModel(body, nn.Linear(84, num_classes), 84)
 
 
+class ActivationGate(nn.Identity):
+    """Marks a post-activation output that MuPFL's BAVD may mask; the identity everywhere else.
+
+    It has no parameters, so a model with gates has the same state_dict as one without, and
+    baselines that run on the same model are unaffected. ``bavd_sites`` finds the gates.
+    """
+
+
+def mupflcnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """MuPFL's Fashion-MNIST CNN (mupfl.md section 2): two 5x5 conv layers and one linear layer.
+
+    Conv(C,32,5,pad 2)-ReLU-gate-MaxPool2 -> Conv(32,64,5,pad 2)-ReLU-gate-MaxPool2 -> flatten;
+    the head is Linear(d, K) with d = 64 * (H/4) * (W/4) = 3136 on 28x28 (52,096 body and
+    31,370 head parameters for K = 10). Padding 2 keeps the spatial size, so 8x8 digits work too
+    (d = 256). The gates are where BAVD masks activations (after each ReLU, before pooling).
+    """
+    c, h, w = _image_shape("mupflcnn", input_shape)
+    body = nn.Sequential(
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), ActivationGate(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), ActivationGate(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    return _split(body, (c, h, w), num_classes)
+
+
+def bavd_sites(model: nn.Module) -> list[nn.Module]:
+    """Modules whose outputs MuPFL's BAVD masks, in forward order.
+
+    The model's ``ActivationGate`` modules if it has any; else, for the ResNets, each stage's
+    output (the ReLU after the last block's sum: BAVD "after the output ReLU of each stage",
+    mupfl.md section 2); else none (BAVD then has nothing to mask).
+    """
+    gates = [m for m in model.modules() if isinstance(m, ActivationGate)]
+    if gates:
+        return gates
+    body = getattr(model, "body", None)
+    if isinstance(body, ResNetBody):
+        return list(body.stages)
+    return []
+
+
+def bavd_map_shapes(model: nn.Module, input_shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(H, W) of each BAVD site's output for one input of ``input_shape`` (a dummy forward)."""
+    shapes: list[tuple[int, int]] = []
+    hooks = [site.register_forward_hook(lambda _m, _i, out: shapes.append(tuple(out.shape[-2:])))
+             for site in bavd_sites(model)]
+    try:
+        _flat_dim(model, input_shape)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return shapes
+
+
 # ---------------------------------------------------------------- ResNets (CIFAR stem)
 
 class BasicBlock(nn.Module):
@@ -289,6 +343,7 @@ MODELS: dict[str, Callable[..., SplitModel]] = {
     "protocnn": protocnn,
     "protocnn-femnist": protocnn_femnist,
     "resnet18-tv": resnet18_tv,
+    "mupflcnn": mupflcnn,
 }
 
 

@@ -67,6 +67,8 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.pfedpm:PFedPMStrategy", "clients.pfedpm:PFedPMClient"),
     Method("fedfcd", "FedFCD (Li et al. 2024): feature alignment, server-trained global head, decision fusion",
            "fedstrategies.fedfcd:FedFCDStrategy", "clients.fedfcd:FedFCDClient"),
+    Method("mupfl", "MuPFL (Zhang et al. 2023): activation dropout, clustered updates, classifier tuning on federated features",
+           "fedstrategies.mupfl:MuPFLStrategy", "clients.mupfl:MuPFLClient"),
 )
 
 

@@ -21,6 +21,7 @@ Preset format::
     output = "results/compare/mnist5k-pathological"   # relative to the app directory
     engine = "flwr"          # or "inprocess": same ServerApp and ClientApp in one process, no Ray
     jobs = 1                 # inprocess only: runs in parallel processes, one thread each
+    target-acc = 0.9         # optional: a "rounds to 90%" column (first round each run reaches it)
 
     [run-config]             # shared run-config keys
     dataset = "mnist5k"
@@ -57,6 +58,7 @@ from server_app.launch import simulate
 COLUMNS = ["method", "final_acc", "final_acc_std", "client_acc_mean", "client_acc_mean_std", "best_acc",
            "best_acc_std", "best_client_acc_mean", "best_client_acc_mean_std", "last10_acc", "last10_acc_std",
            "mb_up_per_round", "mb_down_per_round", "wall_s_per_round", "seeds"]
+TARGET_COLUMNS = ["rounds_to_target", "rounds_to_target_std", "runs_reaching_target"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ def load_preset(path: Path) -> dict:
     preset = tomllib.loads(Path(path).read_text())
     if "compare" not in preset or "methods" not in preset["compare"]:
         raise SystemExit(f"{path}: needs a [compare] table with a 'methods' list")
+    target = preset["compare"].get("target-acc")
+    if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
+        raise SystemExit(f"{path}: target-acc is an accuracy in (0, 1], got {target!r}")
     entries(preset)  # fail early on a bad variant
     return preset
 
@@ -196,7 +201,15 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     for entry in rows_of:
         if entry.runs_of is not None:
             results[entry.label] = results[entry.runs_of]
-    rows = [aggregate_row(e.label, results[e.label], e.accuracy) for e in rows_of if results[e.label]]
+    target = spec.get("target-acc")
+    rows = []
+    for e in rows_of:
+        if results[e.label]:
+            rows.append(aggregate_row(e.label, results[e.label], e.accuracy))
+            if target is not None:
+                rounds = [rounds_to_target(Path(s["results_dir"]) / "rounds.csv", e.accuracy or "acc_weighted", target)
+                          for s in results[e.label]]
+                rows[-1].update(target_row(rounds))
     write_table(rows, out, preset, failures)
     plot_curves(rows_of, seeds, out)
     print((out / "table.md").read_text())
@@ -234,9 +247,30 @@ def aggregate_row(label: str, summaries: list[dict], accuracy: str | None = None
     return row
 
 
+def rounds_to_target(rounds_csv: Path, column: str, target: float) -> int | None:
+    """The first round whose ``column`` (an accuracy in [0, 1]) reaches ``target``; None if none
+    does. Rounds are counted as logged, so with ``eval-every`` > 1 it is the first evaluated one."""
+    with open(rounds_csv) as f:
+        for row in csv.DictReader(f):
+            value = row.get(column)
+            if value not in (None, "") and float(value) >= target - 1e-12:
+                return int(row["round"])
+    return None
+
+
+def target_row(rounds: list[int | None]) -> dict:
+    """Mean and std of the rounds to target over the runs that reached it, and how many did."""
+    reached = np.array([r for r in rounds if r is not None], dtype=float)
+    return {"rounds_to_target": float(reached.mean()) if len(reached) else float("nan"),
+            "rounds_to_target_std": float(reached.std()) if len(reached) else float("nan"),
+            "runs_reaching_target": f"{len(reached)}/{len(rounds)}"}
+
+
 def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) -> None:
+    target = preset["compare"].get("target-acc")
     with open(out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS + ["client_acc_std_within"])
+        w = csv.DictWriter(f, COLUMNS + ["client_acc_std_within"] + (TARGET_COLUMNS if target is not None else []),
+                           extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     spec = preset["compare"]
@@ -247,8 +281,9 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
         "Accuracy in % (personalised: each client's model on its own test split), mean ± std over seeds.",
         "",
         "| method | final acc (weighted) | final acc (client mean) | best acc (weighted) | best acc (client mean) "
-        "| last-10 mean (weighted) | MB up / round | MB down / round | s / round |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| last-10 mean (weighted) | MB up / round | MB down / round | s / round |"
+        + (f" rounds to {100 * target:g}% |" if target is not None else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if target is not None else ""),
     ]
 
     def pct(mean, std):
@@ -260,10 +295,20 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
             f"| {pct(r['client_acc_mean'], r['client_acc_mean_std'])} | {pct(r['best_acc'], r['best_acc_std'])} "
             f"| {pct(r['best_client_acc_mean'], r['best_client_acc_mean_std'])} "
             f"| {pct(r['last10_acc'], r['last10_acc_std'])} "
-            f"| {r['mb_up_per_round']:.3f} | {r['mb_down_per_round']:.3f} | {r['wall_s_per_round']:.2f} |")
+            f"| {r['mb_up_per_round']:.3f} | {r['mb_down_per_round']:.3f} | {r['wall_s_per_round']:.2f} |"
+            + (f" {_rounds_cell(r)} |" if target is not None else ""))
     if failures:
         lines += ["", "Failed runs: " + "; ".join(failures)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def _rounds_cell(row: dict) -> str:
+    """"12.3 ± 1.2", with "(2 of 3 runs)" when some never reached the target, "not reached" if none did."""
+    reached, runs = (int(v) for v in row["runs_reaching_target"].split("/"))
+    if reached == 0:
+        return "not reached"
+    cell = f"{row['rounds_to_target']:.1f} ± {row['rounds_to_target_std']:.1f}"
+    return cell if reached == runs else f"{cell} ({reached} of {runs} runs)"
 
 
 def plot_curves(rows_of: list[Entry], seeds: list[int], out: Path) -> None:

@@ -1,0 +1,247 @@
+"""MuPFL (Zhang et al., extended ICME'23): BAVD on the clients, ACMU and PKCF on the server.
+
+One round (mupfl.md sections 3-4):
+
+- down: the global model, the federated features H (once they exist; the ``has-features`` flag
+  says so) and the round's learning rate (``lr`` * ``lr-decay`` ** floor(round / ``lr-decay-every``));
+- the client pre-trains its classifier on H (PKCF), trains with BAVD and uploads its model, the
+  head it started from, its activation maps and its per-class classifier gradients;
+- ACMU: k-means on the combined cosine similarity of the updates and maps, with the cluster count
+  chosen by the silhouette score; every client's model becomes its start point plus its cluster's
+  mean update, and the global model is their sample-weighted mean;
+- PKCF: the per-class gradients are averaged over the clients that report each class and H is
+  optimised so that its classifier gradients match them (cosine distance).
+
+``bavd``, ``acmu`` and ``pkcf`` switch each module off alone (Table VI); ``clusters`` fixes the
+cluster count (Tables I and V; with the other two modules off this is "FedAvg with clustering").
+The rules are in ``fedstrategies/mupfl_math.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedcore import wire
+from fedcore.config import ConfigError, Key
+from fedcore.models import HEAD_PREFIX, bavd_map_shapes, seeded_model
+from fedstrategies import mupfl_math as mm
+from fedstrategies.aggregate import weighted_average
+from fedstrategies.base import PersonalizedStrategy, weights_schema
+
+HPARAMS = {
+    "bavd": Key(True, "BAVD: biased activation value dropout on the clients (Table VI ablation)"),
+    "acmu": Key(True, "ACMU: clustered model update before aggregation (off: FedAvg's sample-weighted mean)"),
+    "pkcf": Key(True, "PKCF: classifier pre-training on server-made federated features"),
+    "psi-sign": Key("decrease", "BAVD map weight psi: the loss decrease (default, text) or Eq. 6 as printed",
+                    choices=("decrease", "literal")),
+    "bavd-at-eval": Key(True, "apply the BAVD mask when the client evaluates its model"),
+    "alpha-s": Key(0.5, "weight of the update cosine against the activation-map cosine (Eq. 8)", low=0.0, high=1.0),
+    "min-clusters": Key(2, "smallest cluster count tried (Eq. 13)", low=2),
+    "max-clusters": Key(6, "largest cluster count tried, capped at sampled clients - 1", low=2),
+    "clusters": Key(0, "fixed cluster count (Tables I, V); 0 = chosen by the silhouette score", low=0),
+    "features-per-class": Key(100, "m: federated features per class", low=0),
+    "head-epochs": Key(50, "tau: epochs of classifier pre-training on the federated features", low=0),
+    "match-steps": Key(100, "gradient-matching SGD steps on the federated features per round", low=0),
+    "match-lr": Key(0.01, "learning rate of the gradient matching (the paper's global lr)", low=0.0, low_open=True),
+    "samples-per-class": Key(32, "real samples per class for the clients' classifier gradients", low=1),
+    "z-ref": Key("global", "classifier the clients' gradients are taken at: the received global one "
+                           "(the server matches there) or the client's own", choices=("global", "local")),
+    "lr-decay": Key(0.995, "learning-rate factor every lr-decay-every rounds", low=0.0, high=1.0, low_open=True),
+    "lr-decay-every": Key(3, "rounds between learning-rate decays", low=1),
+}
+
+# record names (both sides import them)
+START_HEAD = "start-head"  # the classifier the client's local training started from (after PKCF)
+MAPS = "bavd-maps"  # one float32 H x W activation map per BAVD layer, keys "0", "1", ...
+GRADIENTS = "class-gradients"  # "z": (K, K*d + K) per-class classifier gradients, "present": (K,) 0/1
+FEATURES = "federated-features"  # "features": (K*m, d) float32, class-major
+# config keys
+HAS_FEATURES = "has-features"  # the message carries federated features H
+KMEANS_SEED_STREAM = 13
+
+
+def round_lr(base_lr: float, decay: float, every: int, server_round: int) -> float:
+    """The spec's decay ("0.005 every 3 epochs", A8): lr * decay ** floor(round / every)."""
+    return base_lr * decay ** (server_round // every)
+
+
+class MuPFLStrategy(PersonalizedStrategy):
+    """Global model + federated features on the server; clustering is re-done every round (no
+    cluster state), so the state between rounds is the global model, H and who has trained."""
+
+    checkpoint_attrs = ("global_weights", "features", "has_features", "trained")
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
+        if self.hp["max-clusters"] < self.hp["min-clusters"]:
+            raise ConfigError(f"mupfl.max-clusters ({self.hp['max-clusters']}) must be >= mupfl.min-clusters "
+                              f"({self.hp['min-clusters']})")
+        net = seeded_model(model.name, model.input_shape, model.num_classes, cfg["seed"])
+        self.param_keys = [k for k, _ in net.named_parameters()]
+        self.buffer_keys = [k for k in model.initial_weights if k not in set(self.param_keys)]
+        self.head_keys = [k for k in self.param_keys if k.startswith(HEAD_PREFIX)]
+        self.map_shapes = bavd_map_shapes(net, model.input_shape) if self.hp["bavd"] else []
+        self.global_weights = {k: v.copy() for k, v in model.initial_weights.items()}
+        K, d, m = model.num_classes, model.feature_dim, self.hp["features-per-class"]
+        # H ~ N(0, 1), once (CReFF; the paper's f_glo(u_glo) init needs data the server lacks, A5)
+        self.features = (torch.randn((K * m, d), generator=self.torch_generator).numpy()
+                         if self.hp["pkcf"] else np.zeros((0, d), np.float32))
+        self.has_features = False
+        self.trained: set[int] = set()  # clients that sent a valid train reply (they keep a model)
+        self._packed = None
+        self._packed_features = None
+
+    # ------------------------------------------------------------------ down
+    def _payload(self, with_features: bool) -> dict:
+        if self._packed is None:
+            self._packed = wire.pack_arrays(self.global_weights)
+        payload = {wire.WEIGHTS: self._packed}
+        if with_features:
+            if self._packed_features is None:
+                self._packed_features = wire.pack_arrays({"features": self.features})
+            payload[FEATURES] = self._packed_features
+        return payload
+
+    def _config(self, server_round: int, with_features: bool) -> dict:
+        lr = round_lr(self.cfg["lr"], self.hp["lr-decay"], self.hp["lr-decay-every"], server_round)
+        return {"lr": lr, HAS_FEATURES: with_features}
+
+    def train_payload(self, pid, server_round):
+        return self._payload(self.has_features)
+
+    def train_config(self, pid, server_round):
+        return self._config(server_round, self.has_features)
+
+    def evaluate_payload(self, pid, server_round):
+        """A client that never trained evaluates (u_glo, its PKCF head) (mupfl.md 6), so it gets H;
+        the others evaluate their own latest model (the global one only if their state is lost)."""
+        return self._payload(self.has_features and pid not in self.trained)
+
+    def evaluate_config(self, pid, server_round):
+        return self._config(server_round, self.has_features and pid not in self.trained)
+
+    # ------------------------------------------------------------------ up
+    def reply_schema(self, pid):
+        K, d = self.num_classes, self.model.feature_dim
+        schema = {wire.WEIGHTS: weights_schema(self.global_weights)}
+        if self.hp["pkcf"]:
+            schema[START_HEAD] = {k: self.global_weights[k].shape for k in self.head_keys}
+            schema[GRADIENTS] = {"z": (K, K * d + K), "present": (K,)}
+        if self.map_shapes:
+            schema[MAPS] = {str(i): shape for i, shape in enumerate(self.map_shapes)}
+        return schema
+
+    def check_reply(self, reply):
+        if reply.num_examples <= 0:
+            return "no training samples (num-examples must be positive to weigh a model)"
+        if self.hp["pkcf"]:
+            present = reply.arrays[GRADIENTS]["present"]
+            if not np.isin(present, (0, 1)).all():
+                return "class-gradients/present must hold only 0 and 1"
+        return None
+
+    def example_reply(self, pid, phase, rng):
+        """A realistic reply for the server benchmark: noisy weights, maps and present-class flags."""
+        records = {}
+        if phase != "train":
+            return records
+        noisy = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
+                 for k, v in self.global_weights.items()}
+        records[wire.WEIGHTS] = wire.pack_arrays(noisy)
+        if self.hp["pkcf"]:
+            K, d = self.num_classes, self.model.feature_dim
+            present = (self.clients[pid].train_label_counts > 0).astype(np.float32)
+            z = rng.standard_normal((K, K * d + K)).astype(np.float32) * present[:, None]
+            records[START_HEAD] = wire.pack_arrays({k: self.global_weights[k] for k in self.head_keys})
+            records[GRADIENTS] = wire.pack_arrays({"z": z, "present": present})
+        if self.map_shapes:
+            records[MAPS] = wire.pack_arrays({str(i): rng.random(s).astype(np.float32)
+                                              for i, s in enumerate(self.map_shapes)})
+        return records
+
+    # ------------------------------------------------------------------ rules
+    def heads_pretrained(self) -> bool:
+        """Whether this round's clients pre-trained their heads (the client's rule, from the same
+        flags), i.e. whether their start heads differ from the global one. Before ``match``."""
+        return bool(self.hp["pkcf"] and self.has_features and self.hp["features-per-class"] > 0
+                    and self.hp["head-epochs"] > 0)
+
+    def _update_gram(self, replies) -> np.ndarray:
+        """<dw_i, dw_j> over all trainable tensors (BN buffers excluded), dw_i = w_i - w_i^start,
+        one tensor at a time so that no (clients x parameters) matrix is ever formed."""
+        m = len(replies)
+        gram = np.zeros((m, m))
+        pretrained = self.heads_pretrained()
+        for key in self.param_keys:
+            rows = np.stack([r.arrays[wire.WEIGHTS][key].reshape(-1) for r in replies])
+            if pretrained and key in self.head_keys:
+                rows -= np.stack([r.arrays[START_HEAD][key].reshape(-1) for r in replies])
+            else:
+                rows -= self.global_weights[key].reshape(1, -1)
+            gram += (rows @ rows.T).astype(np.float64)
+        return gram
+
+    def _map_gram(self, replies) -> np.ndarray | None:
+        if not self.map_shapes:
+            return None
+        rows = np.stack([np.concatenate([r.arrays[MAPS][str(i)].reshape(-1) for i in range(len(self.map_shapes))])
+                         for r in replies]).astype(np.float64)
+        return rows @ rows.T
+
+    def cluster(self, server_round: int, replies) -> mm.Clustering:
+        """ACMU's clusters of this round's clients; without ACMU every client is alone."""
+        m = len(replies)
+        if not self.hp["acmu"]:
+            return mm.Clustering(np.arange(m), m, 0.0)
+        similarity = mm.combined_similarity(self._update_gram(replies), self._map_gram(replies), self.hp["alpha-s"])
+        seed = int(np.random.SeedSequence([self.cfg["seed"], server_round, KMEANS_SEED_STREAM]).generate_state(1)[0])
+        return mm.choose_clusters(similarity, self.hp["min-clusters"], self.hp["max-clusters"], seed,
+                                  fixed=self.hp["clusters"])
+
+    def aggregate(self, server_round, replies):
+        n = np.array([r.num_examples for r in replies], dtype=np.float64)
+        self.trained.update(r.pid for r in replies)
+        clustering = self.cluster(server_round, replies)
+        omega = mm.cluster_weights(clustering.labels, n)
+        v_ref = {k: self.global_weights[k].copy() for k in self.head_keys}  # the head the clients received
+        weights = [r.arrays[wire.WEIGHTS] for r in replies]
+        # Eqs. 14-15: sum_i (n_i/n) w_i^start + sum_i (omega_i/n) dw_i. Bodies start equal (so do
+        # heads without PKCF pre-training), and sum omega_i = n: the omega-weighted mean of the
+        # client models; pre-trained heads add sum_i (n_i - omega_i)/n v_i.
+        new = weighted_average(({k: w[k] for k in self.param_keys} for w in weights), omega)
+        if self.heads_pretrained():
+            heads = [r.arrays[START_HEAD] for r in replies]
+            by_n, by_omega = weighted_average(heads, n), weighted_average(heads, omega)
+            for k in self.head_keys:
+                new[k] = (new[k] + (by_n[k] - by_omega[k])).astype(new[k].dtype)
+        if self.buffer_keys:  # BN running statistics: sample-weighted mean (PROPOSED)
+            new.update(weighted_average(({k: w[k] for k in self.buffer_keys} for w in weights), n))
+        self.global_weights = {k: new[k] for k in self.global_weights}
+        self._packed = None
+        self.record_matrix("clusters", np.array([[r.pid for r in replies], clustering.labels.tolist()]))
+        metrics = {"clusters": clustering.count, "silhouette": clustering.silhouette}
+        if self.hp["pkcf"]:
+            metrics.update(self.match(replies, v_ref))
+        return metrics
+
+    def match(self, replies, v_ref: dict[str, np.ndarray]) -> dict:
+        """PKCF on the server: average the per-class gradients (Eq. 17) and move H to match them."""
+        z, reported = mm.average_class_gradients((r.arrays[GRADIENTS]["z"], r.arrays[GRADIENTS]["present"])
+                                                 for r in replies)
+        m = self.hp["features-per-class"]
+        if m == 0 or not reported.any():
+            return {"match-loss": 0.0}
+        features = torch.from_numpy(self.features.copy())
+        weight, bias = (torch.from_numpy(v_ref[k]) for k in (HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"))
+        _, after = mm.match_features(features, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
+                                     weight, bias, self.hp["match-steps"], self.hp["match-lr"])
+        self.features = features.numpy()
+        self.has_features = True
+        self._packed_features = None
+        return {"match-loss": after}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._packed = self._packed_features = None
+

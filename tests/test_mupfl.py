@@ -1,0 +1,457 @@
+"""MuPFL's rules (mupfl.md section 12 invariants): BAVD, ACMU, PKCF, shapes, partition, sampling.
+
+Each test is named after the invariant it checks; the federation-level ones (module switches,
+malformed replies, the real ``flwr run``) are in test_mupfl_federation.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.cluster import KMeans
+from sklearn.metrics import silhouette_samples, silhouette_score
+
+from fedcore.models import bavd_map_shapes, bavd_sites, build_model
+from fedstrategies import mupfl_math as mm
+
+# ============================================================================ BAVD
+
+
+def _model_with_bavd(maps, shape=(1, 8, 8)):
+    from clients.mupfl import BAVD
+
+    torch.manual_seed(0)
+    model = build_model("mupflcnn", shape, 10)
+    return model, BAVD(model, maps, steps=0, previous_loss=0.0, psi_sign="decrease")
+
+
+def test_bavd_with_a_zero_or_constant_map_is_the_identity_and_bavd_off_is_the_plain_forward():
+    torch.manual_seed(1)
+    x = torch.rand(5, 1, 8, 8)
+    torch.manual_seed(0)
+    plain = build_model("mupflcnn", (1, 8, 8), 10)
+    expected = plain(x)
+    for maps in ([torch.zeros(8, 8), torch.zeros(4, 4)], [torch.full((8, 8), 3.0), torch.full((4, 4), -1.0)]):
+        model, bavd = _model_with_bavd(maps)
+        assert all(bool(m.all()) for m in bavd.masks)
+        assert torch.equal(model(x), expected)  # bitwise: the hooks return the output untouched
+        bavd.remove()
+        assert torch.equal(model(x), expected)
+
+
+def test_bavd_output_is_h_or_zero_with_one_mask_for_every_batch_and_channel_and_no_grad_into_the_map():
+    torch.manual_seed(2)
+    maps = [torch.rand(8, 8), torch.rand(4, 4)]
+    model, bavd = _model_with_bavd(maps)
+    seen = {}
+    site = bavd_sites(model)[0]
+
+    def keep_input(_m, inputs):
+        inputs[0].retain_grad()
+        seen["h"] = inputs[0]
+
+    site.register_forward_pre_hook(keep_input)
+    site.register_forward_hook(lambda _m, _i, out: seen.__setitem__("out", out))
+    x = torch.rand(4, 1, 8, 8)
+    model(x).sum().backward()
+    h, out = seen["h"].detach(), seen["out"].detach()
+    mask = bavd.masks[0]
+    assert ((out == h) | (out == 0)).all()
+    assert torch.equal(out, h * mask)  # the same (H, W) mask broadcast over batch and channels
+    assert bool(mask.any()) and bool(mask.flatten()[maps[0].argmax()])  # the maximum is always kept
+    assert (seen["h"].grad[:, :, ~mask] == 0).all()  # dropped positions pass no gradient
+    assert not any(m.requires_grad for m in bavd.maps) and all(m.grad is None for m in bavd.maps)
+    bavd.remove()
+
+
+def test_bavd_mask_is_invariant_to_positive_affine_rescaling_and_to_the_normalisation():
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        M = torch.randn(7, 9, generator=g)
+        mask = mm.bavd_mask(M)
+        assert torch.equal(mask, mm.bavd_mask(3.7 * M + 11.0))
+        assert torch.equal(mask, mm.bavd_mask((M - M.mean()) / M.std()))  # z-score first
+        assert torch.equal(mask, M >= M.mean())  # no normalisation at all
+        assert torch.equal(mask, mm.bavd_mask((M - M.min()) / (M.max() - M.min())))  # min-max twice
+
+
+def test_map_update_is_eq6_exactly_with_both_signs_and_the_counter_runs_on():
+    from clients.mupfl import BAVD
+
+    torch.manual_seed(4)
+    for sign in ("decrease", "literal"):
+        model = build_model("mupflcnn", (1, 8, 8), 10)
+        bavd = BAVD(model, [torch.zeros(8, 8), torch.zeros(4, 4)], 0, 0.0, sign)
+        bavd.recording = True
+        losses = [float(torch.tensor(v)) for v in (2.0, 1.5, 1.7)]  # batch losses are float32
+        for step, loss in enumerate(losses):
+            model(torch.rand(6, 1, 8, 8))
+            before = bavd.maps[1].clone()
+            r = bavd._batch_means[1]
+            bavd.after_step(step, torch.tensor(loss), None)
+            if step == 0:
+                assert torch.equal(bavd.maps[1], r)  # lambda = 0: M = mean_bc h
+            else:
+                psi = losses[step - 1] - loss if sign == "decrease" else loss - losses[step - 1]
+                assert torch.equal(bavd.maps[1], before + psi * r)
+            assert bavd.steps == step + 1 and bavd.previous_loss == loss
+        bavd.remove()
+    assert mm.loss_change(2.0, 1.5, "decrease") == 0.5 and mm.loss_change(2.0, 1.5, "literal") == -0.5
+
+
+def test_bavd_map_is_recorded_before_the_mask():
+    """r is the mean of the pre-mask activation, even where the mask zeroes positions."""
+    maps = [torch.rand(8, 8), torch.rand(4, 4)]
+    model, bavd = _model_with_bavd(maps)
+    bavd.recording = True
+    inputs = {}
+    bavd_sites(model)[0].register_forward_pre_hook(lambda _m, i: inputs.__setitem__("h", i[0].detach()))
+    model(torch.rand(3, 1, 8, 8))
+    assert torch.equal(bavd._batch_means[0], inputs["h"].mean(dim=(0, 1)))
+    bavd.remove()
+
+
+# ============================================================================ ACMU
+
+
+def _vectors(m=8, p=50, q=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, p)), rng.random((m, q))
+
+
+def test_dist_symmetric_unit_diagonal_scale_invariant_and_alpha_extremes():
+    x, a = _vectors()
+    dist = mm.combined_similarity(x @ x.T, a @ a.T, 0.5)
+    assert np.allclose(dist, dist.T) and np.allclose(np.diag(dist), 1.0)
+    scale = np.array([0.1, 3, 7, 1, 2, 9, 0.5, 4])[:, None]
+    assert np.allclose(dist, mm.combined_similarity((scale * x) @ (scale * x).T, (a / scale) @ (a / scale).T, 0.5))
+    other_maps = np.random.default_rng(9).random(a.shape)
+    only_w = mm.combined_similarity(x @ x.T, a @ a.T, 1.0)
+    assert np.allclose(only_w, mm.combined_similarity(x @ x.T, other_maps @ other_maps.T, 1.0))
+    assert np.allclose(only_w, mm.cosine_matrix(x @ x.T))
+    only_m = mm.combined_similarity(x @ x.T, a @ a.T, 0.0)
+    other_w = np.random.default_rng(8).standard_normal(x.shape)
+    assert np.allclose(only_m, mm.combined_similarity(other_w @ other_w.T, a @ a.T, 0.0))
+    cos = (x / np.linalg.norm(x, axis=1, keepdims=True)) @ (x / np.linalg.norm(x, axis=1, keepdims=True)).T
+    assert np.allclose(only_w, cos)
+
+
+def test_embedding_identity_and_the_row_space_embedding_keeps_every_distance():
+    x, a = _vectors(m=10, p=400, q=30, seed=1)
+    dist = mm.combined_similarity(x @ x.T, a @ a.T, 0.5)
+    e = mm.spec_embedding(x, a, 0.5)
+    sq = ((e[:, None] - e[None]) ** 2).sum(-1)
+    assert np.allclose(sq, 2 * (1 - dist))
+    y = mm.gram_embedding(dist)
+    assert y.shape[1] <= 10
+    assert np.allclose(((y[:, None] - y[None]) ** 2).sum(-1), sq, atol=1e-10)
+    # k-means sees the same geometry: identical clusters on the spec's 430-d points and on y
+    for k in (2, 3, 4):
+        on_e = KMeans(k, init="k-means++", n_init=10, random_state=5).fit_predict(e)
+        assert np.array_equal(on_e, mm.kmeans_labels(y, k, seed=5))
+
+
+def test_chosen_count_maximises_the_silhouette_over_the_range_brute_force():
+    rng = np.random.default_rng(2)
+    centres = rng.standard_normal((4, 60)) * 3
+    x = np.repeat(centres, [3, 4, 2, 3], axis=0) + rng.standard_normal((12, 60))
+    a = rng.random((12, 16))
+    dist = mm.combined_similarity(x @ x.T, a @ a.T, 0.5)
+    got = mm.choose_clusters(dist, 2, 6, seed=7)
+    e = mm.spec_embedding(x, a, 0.5)
+    d = 1 - dist
+    np.fill_diagonal(d, 0)
+    brute = {}
+    for k in range(2, 7):
+        labels = KMeans(k, init="k-means++", n_init=10, random_state=7).fit_predict(e)
+        brute[k] = silhouette_score(np.clip(d, 0, None), labels, metric="precomputed")
+    best = max(brute.values())
+    assert got.count == min(k for k, s in brute.items() if s == best)  # argmax, ties to the smaller
+    assert got.silhouette == pytest.approx(best)
+    assert got.scores == pytest.approx(brute)
+    assert mm.candidate_counts(12) == [2, 3, 4, 5, 6] and mm.candidate_counts(4) == [2, 3]
+    assert mm.candidate_counts(2) == [] and mm.choose_clusters(dist[:2, :2]).count == 1
+
+
+def test_singletons_have_silhouette_zero():
+    x, a = _vectors(m=6, seed=3)
+    d = mm.dissimilarity(mm.combined_similarity(x @ x.T, a @ a.T, 0.5))
+    labels = np.array([0, 0, 1, 1, 1, 2])  # client 5 alone
+    assert silhouette_samples(d, labels, metric="precomputed")[5] == 0.0
+    a_i = d[0, 1]
+    b_i = min(d[0, 2:5].mean(), d[0, 5])
+    expected_0 = (b_i - a_i) / max(a_i, b_i)
+    assert silhouette_samples(d, labels, metric="precomputed")[0] == pytest.approx(expected_0)
+    assert mm.silhouette(d, labels) == pytest.approx(silhouette_samples(d, labels, metric="precomputed").mean())
+
+
+def test_two_well_separated_groups_are_recovered():
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal((2, 300))
+    x = np.vstack([base[0] + 0.05 * rng.standard_normal((5, 300)), base[1] + 0.05 * rng.standard_normal((4, 300))])
+    maps = np.vstack([np.tile([1.0, 0.0], (5, 8)), np.tile([0.0, 1.0], (4, 8))]) + 0.01 * rng.random((9, 16))
+    got = mm.choose_clusters(mm.combined_similarity(x @ x.T, maps @ maps.T, 0.5), seed=0)
+    assert got.count == 2
+    assert len(set(got.labels[:5])) == 1 and len(set(got.labels[5:])) == 1 and got.labels[0] != got.labels[5]
+
+
+def test_fixed_cluster_count_is_used_as_given():
+    x, a = _vectors(m=9, seed=5)
+    dist = mm.combined_similarity(x @ x.T, a @ a.T, 0.5)
+    for k in (2, 4, 6):
+        assert mm.choose_clusters(dist, fixed=k).count == k
+        assert len(np.unique(mm.choose_clusters(dist, fixed=k).labels)) == k
+    assert mm.choose_clusters(dist, fixed=20).count == 9  # capped at the clients
+
+
+def test_eq14_every_member_gets_the_same_mean_delta_and_a_singleton_keeps_its_own():
+    rng = np.random.default_rng(6)
+    starts, updates = rng.standard_normal((6, 20)), rng.standard_normal((6, 20))
+    labels = np.array([1, 0, 1, 2, 0, 1])
+    tilde = mm.cluster_models(starts, updates, labels)
+    for c in (0, 1, 2):
+        members = labels == c
+        deltas = tilde[members] - starts[members]
+        assert np.allclose(deltas, updates[members].mean(0))
+    assert np.allclose(tilde[3], starts[3] + updates[3])  # client 3 is alone: w~ = w^(t)
+
+
+def test_global_model_from_cluster_weights_equals_eq15_and_weights_sum_to_one():
+    rng = np.random.default_rng(7)
+    starts, updates = rng.standard_normal((7, 15)), rng.standard_normal((7, 15))
+    n = np.array([10, 40, 25, 5, 60, 30, 20], dtype=float)
+    labels = np.array([0, 1, 0, 2, 1, 1, 3])
+    eq15 = (n[:, None] / n.sum() * mm.cluster_models(starts, updates, labels)).sum(0)
+    omega = mm.cluster_weights(labels, n)
+    assert omega.sum() == pytest.approx(n.sum()) and (n / n.sum()).sum() == pytest.approx(1.0)
+    assert np.allclose(eq15, (n[:, None] * starts).sum(0) / n.sum() + (omega[:, None] * updates).sum(0) / n.sum())
+    singletons = np.arange(7)
+    assert np.array_equal(mm.cluster_weights(singletons, n), n)  # exactly FedAvg's weights
+    same_start = np.tile(starts[0], (7, 1))
+    fedavg = (n[:, None] * (same_start + updates)).sum(0) / n.sum()
+    assert np.allclose((n[:, None] / n.sum() * mm.cluster_models(same_start, updates, singletons)).sum(0), fedavg)
+
+
+def test_strategy_aggregate_equals_eq14_15_written_out(tmp_path):
+    """The strategy's streaming rule (omega-weighted models + head correction) against the spec's
+    w~_i = w_i^start + cluster mean update, w_glo = sum n_i/n w~_i, with PKCF start heads."""
+    strategy, replies = _strategy_and_replies(pretrained=True)
+    keys = strategy.param_keys
+    start = np.stack([np.concatenate([(r.arrays["start-head"][k] if k.startswith("head.") else
+                                       strategy.global_weights[k]).ravel() for k in keys]) for r in replies])
+    final = np.stack([np.concatenate([r.arrays["weights"][k].ravel() for k in keys]) for r in replies])
+    n = np.array([r.num_examples for r in replies], dtype=float)
+    clustering = strategy.cluster(1, replies)
+    assert clustering.count >= 2
+    expected = (n[:, None] / n.sum() * mm.cluster_models(start, final - start, clustering.labels)).sum(0)
+    metrics = strategy.aggregate(1, replies)
+    got = np.concatenate([strategy.global_weights[k].ravel() for k in keys])
+    assert np.allclose(got, expected, atol=1e-6)
+    assert metrics["clusters"] == clustering.count and -1 <= metrics["silhouette"] <= 1
+
+
+# ============================================================================ PKCF
+
+
+def test_closed_form_class_gradients_equal_autograd():
+    torch.manual_seed(5)
+    K, d = 5, 7
+    h, y = torch.randn(23, d), torch.tensor([0, 2, 2, 4, 0, 2, 4, 4, 4, 0, 2, 2, 0, 4, 4, 2, 0, 2, 4, 4, 2, 0, 0])
+    head = torch.nn.Linear(d, K)
+    z, present = mm.class_gradients(h, y, head.weight.detach(), head.bias.detach(), K)
+    assert z.shape == (K, K * d + K) and present.tolist() == [True, False, True, False, True]
+    for k in range(K):
+        if not present[k]:
+            assert (z[k] == 0).all()
+            continue
+        head.zero_grad()
+        F.cross_entropy(head(h[y == k]), y[y == k]).backward()
+        assert torch.allclose(z[k], torch.cat([head.weight.grad.flatten(), head.bias.grad]), atol=1e-6)
+    H = torch.randn(K * 3, d)
+    assert torch.allclose(mm.synthetic_class_gradients(H, head.weight.detach(), head.bias.detach()),
+                          mm.class_gradients(H, mm.synthetic_labels(K, 3), head.weight.detach(),
+                                             head.bias.detach(), K)[0], atol=1e-6)
+
+
+def test_z_glo_averages_only_over_the_clients_reporting_each_class():
+    z1, z2, z3 = (np.full((3, 4), v) for v in (1.0, 5.0, 9.0))
+    p1, p2, p3 = np.array([1, 1, 0]), np.array([1, 0, 0]), np.array([0, 1, 0])
+    z, reported = mm.average_class_gradients([(z1 * p1[:, None], p1), (z2 * p2[:, None], p2), (z3 * p3[:, None], p3)])
+    assert np.allclose(z[0], 3.0) and np.allclose(z[1], 5.0) and np.allclose(z[2], 0.0)
+    assert reported.tolist() == [True, True, False]
+
+
+def test_matching_loss_is_in_0_2_ignores_unreported_classes_and_a_step_lowers_it():
+    torch.manual_seed(6)
+    K, d, m = 4, 6, 5
+    weight, bias = torch.randn(K, d), torch.randn(K)
+    target = torch.randn(K, K * d + K)
+    reported = torch.tensor([True, True, False, True])
+    H = torch.randn(K * m, d)
+    zhat = mm.synthetic_class_gradients(H, weight, bias)
+    loss = mm.matching_loss(target, zhat, reported)
+    assert 0 <= float(loss) <= 2
+    changed = target.clone()
+    changed[2] = torch.randn(K * d + K) * 100
+    assert float(mm.matching_loss(changed, zhat, reported)) == float(loss)
+    assert float(mm.matching_loss(-zhat, zhat, torch.ones(K, dtype=torch.bool))) == pytest.approx(2.0)
+    before, after = mm.match_features(H, target, reported, weight, bias, steps=1, lr=0.1)
+    assert before == pytest.approx(float(loss)) and after < before
+    before2, after2 = mm.match_features(H, target, reported, weight, bias, steps=50, lr=0.1)
+    assert before2 == pytest.approx(after) and after2 < before2 - 0.05
+    assert float(mm.matching_loss(target, mm.synthetic_class_gradients(H, weight, bias), reported)) == pytest.approx(after2)
+
+
+# ============================================================================ head pre-training
+
+
+def _client(tmp_path, **hp):
+    from clients.base import ClientEnv
+    from clients.mupfl import MuPFLClient
+    from fedcore.config import Config
+    from flwr.app import RecordDict
+
+    cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "partition": "iid", "model": "mupflcnn",
+                                  "batch-size": 16, "lr": 0.05, "results-dir": str(tmp_path),
+                                  **{f"mupfl.{k}": v for k, v in hp.items()}})
+    env = ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict(), server_round=2,
+                    config={"server-round": 2, "phase": "train", "has-features": True, "lr": 0.05})
+    return MuPFLClient(env)
+
+
+def _features_content(K, m, d):
+    from flwr.app import RecordDict
+
+    from fedcore import wire
+    from fedstrategies.mupfl import FEATURES
+
+    return RecordDict({FEATURES: wire.pack_arrays({"features": np.random.default_rng(0).standard_normal(
+        (K * m, d)).astype(np.float32)})})
+
+
+def test_head_pretraining_never_changes_the_extractor_and_m0_or_tau0_leave_the_head_unchanged(tmp_path):
+    client = _client(tmp_path, **{"features-per-class": 4, "head-epochs": 2})
+    model = client.new_model()
+    body, head = ({k: v.clone() for k, v in part.state_dict().items()} for part in (model.body, model.head))
+    client.pretrain_head(model, _features_content(10, 4, model.feature_dim), tag=1)
+    assert all(torch.equal(v, model.body.state_dict()[k]) for k, v in body.items())  # bitwise
+    assert not all(torch.equal(v, model.head.state_dict()[k]) for k, v in head.items())
+    assert client.pkcf_active()
+    for hp in ({"features-per-class": 0, "head-epochs": 2}, {"features-per-class": 4, "head-epochs": 0}):
+        assert not _client(tmp_path, **hp).pkcf_active()
+    assert not _client(tmp_path, pkcf=False).pkcf_active()
+    # tau = 0 epochs of pre-training is no step at all
+    client0 = _client(tmp_path, **{"features-per-class": 4, "head-epochs": 0})
+    client0.train(model.head, x=torch.randn(40, model.feature_dim), y=mm.synthetic_labels(10, 4), epochs=0)
+    after = {k: v.clone() for k, v in model.head.state_dict().items()}
+    client0.train(model.head, x=torch.randn(40, model.feature_dim), y=mm.synthetic_labels(10, 4), epochs=0)
+    assert all(torch.equal(v, model.head.state_dict()[k]) for k, v in after.items())
+
+
+def test_clients_sample_at_most_the_asked_number_per_class(tmp_path):
+    client = _client(tmp_path, **{"samples-per-class": 3})
+    x, y = client.sample_per_class()
+    counts = torch.bincount(y, minlength=10)
+    present = torch.bincount(client.data.y_train, minlength=10) > 0
+    assert ((counts == 3) | (~present & (counts == 0))).all()
+    assert len(x) == len(y)
+
+
+# ============================================================================ shapes
+
+
+def test_shapes_of_h_z_and_the_maps():
+    assert mm.synthetic_labels(3, 2).tolist() == [0, 0, 1, 1, 2, 2]
+    m28 = build_model("mupflcnn", (1, 28, 28), 10)
+    assert m28.feature_dim == 3136
+    assert sum(p.numel() for p in m28.body.parameters()) == 52096
+    assert sum(p.numel() for p in m28.head.parameters()) == 31370
+    assert bavd_map_shapes(m28, (1, 28, 28)) == [(28, 28), (14, 14)]
+    assert bavd_map_shapes(build_model("resnet8", (3, 32, 32), 10), (3, 32, 32)) == [(32, 32), (16, 16), (8, 8)]
+    assert bavd_map_shapes(build_model("cnn", (1, 8, 8), 10), (1, 8, 8)) == []  # no BAVD layers
+    strategy, _ = _strategy_and_replies()
+    K, d = 10, strategy.model.feature_dim
+    schema = strategy.reply_schema(0)
+    assert schema["class-gradients"] == {"z": (K, K * d + K), "present": (K,)}
+    assert schema["bavd-maps"] == {"0": (8, 8), "1": (4, 4)}
+    assert strategy.features.shape == (K * strategy.hp["features-per-class"], d)
+    assert strategy.features.dtype == np.float32
+
+
+# ============================================================================ partition, sampling, lr
+
+
+def test_longtail_partition_repeats_with_its_seed_and_has_the_imbalance_factor():
+    from partitions import build_splits, load_dataset
+
+    data = load_dataset("mnist5k", num_clients=20, seed=0)
+    params = {"alpha": 0.5, "imbalance-factor": 10.0}
+    a = build_splits(data, "longtail-dirichlet", 20, 3, params)
+    b = build_splits(data, "longtail-dirichlet", 20, 3, params)
+    assert all(np.array_equal(x.train, y.train) and np.array_equal(x.test, y.test) for x, y in zip(a, b))
+    idx = np.concatenate([np.concatenate([s.train, s.test]) for s in a])
+    assert len(np.unique(idx)) == len(idx)  # each sample in exactly one client
+    totals = np.bincount(data.y[idx], minlength=10)
+    assert totals.tolist() == [int(np.floor(500 * 10.0 ** (-k / 9) + 1e-9)) for k in range(10)]
+    assert totals[0] / totals[-1] == pytest.approx(10.0)
+    assert min(len(s.train) + len(s.test) for s in a) >= 10
+
+
+@pytest.mark.parametrize("n,expected", [(50, 10), (19, 4), (20, 4)])
+def test_participation_is_round_0_2_n_distinct_clients(n, expected):
+    from benchmarks.server_time import fake_clients
+    from fedcore.config import Config
+    from fedcore.models import model_facts
+    from fedstrategies.mupfl import MuPFLStrategy
+
+    cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "model": "mupflcnn", "fraction-train": 0.2})
+    strategy = MuPFLStrategy(cfg, fake_clients(n), model_facts("mupflcnn", (1, 8, 8), 10, 0))
+    for rnd in (1, 2, 3):
+        pids = strategy.sample_train(rnd)
+        assert len(pids) == len(set(pids)) == expected == round(0.2 * n)
+
+
+def test_learning_rate_decays_by_the_factor_every_few_rounds():
+    from fedstrategies.mupfl import round_lr
+
+    assert [round_lr(0.01, 0.995, 3, r) for r in (1, 2, 3, 5, 6)] == pytest.approx(
+        [0.01, 0.01, 0.00995, 0.00995, 0.01 * 0.995 ** 2])
+
+
+# ============================================================================ helpers
+
+
+def _strategy_and_replies(pretrained=False, m=6, seed=0, **hp):
+    """A strategy on digits' mupflcnn and m realistic replies: trained-looking weights in two groups."""
+    from benchmarks.server_time import fake_clients
+    from fedcore import wire
+    from fedcore.config import Config
+    from fedcore.models import model_facts
+    from fedstrategies.base import ClientReply
+    from fedstrategies.mupfl import MuPFLStrategy
+
+    cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "model": "mupflcnn",
+                                  "mupfl.features-per-class": 5, "mupfl.match-steps": 3,
+                                  **{f"mupfl.{k}": v for k, v in hp.items()}})
+    strategy = MuPFLStrategy(cfg, fake_clients(m), model_facts("mupflcnn", (1, 8, 8), 10, seed))
+    strategy.has_features = pretrained
+    rng = np.random.default_rng(seed)
+    direction = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in strategy.global_weights.items()}
+                 for _ in range(2)]
+    replies = []
+    for pid in range(m):
+        group = pid % 2
+        weights = {k: (v + 0.1 * direction[group][k] + 0.01 * rng.standard_normal(v.shape)).astype(np.float32)
+                   for k, v in strategy.global_weights.items()}
+        head = {k: (strategy.global_weights[k] + (0.05 * rng.standard_normal(v.shape) if pretrained else 0)).astype(
+            np.float32) for k, v in strategy.global_weights.items() if k.startswith("head.")}
+        present = (rng.random(10) < 0.7).astype(np.float32)
+        arrays = {"weights": weights, "start-head": head,
+                  "class-gradients": {"z": rng.standard_normal((10, 10 * 256 + 10)).astype(np.float32) * present[:, None],
+                                      "present": present},
+                  "bavd-maps": {"0": rng.random((8, 8)).astype(np.float32) + group,
+                                "1": rng.random((4, 4)).astype(np.float32)}}
+        replies.append(ClientReply(pid, 10_000 + pid, int(rng.integers(20, 80)), {wire.TRAIN_LOSS: 1.0}, arrays))
+    return strategy, replies
