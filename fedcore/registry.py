@@ -59,6 +59,8 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.fedrep:FedRepStrategy", "clients.fedrep:FedRepClient"),
     Method("ditto", "Ditto (Li et al. 2021): personal model with a proximal pull to the global one",
            "fedstrategies.ditto:DittoStrategy", "clients.ditto:DittoClient"),
+    Method("fedsac", "FedSaC (Yan et al. 2024): per-client models mixed by a similarity/complementarity graph",
+           "fedstrategies.fedsac:FedSaCStrategy", "clients.fedsac:FedSaCClient"),
 )
 
 
