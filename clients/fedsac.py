@@ -9,7 +9,7 @@ local feature distribution by a rank-k subspace.
 3. Penultimate features of all local training samples (eval mode, no augmentation) -> their top-k
    right singular vectors U_i (d x k, orthonormal; Eq. 5 read as in spec A1), centred first if
    ``center`` (the authors' PCA).
-4. Upload theta_i and U_i.
+4. Upload theta_i and U_i; keep theta_i, which is evaluated beside the aggregated theta~_i.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from clients.training import evaluate_model, extract_features
 from fedcore import wire
 from fedstrategies.fedsac import BASIS, REFERENCE, REGULARISER, SUBSPACE
 
-MODEL = "model"  # client state: the last locally trained model (eval-model = "local")
+MODEL = "model"  # client state: the last locally trained model theta_i
 
 
 def subspace_basis(features: torch.Tensor, k: int, center: bool = False) -> np.ndarray:
@@ -84,15 +84,17 @@ class FedSaCClient(ClientMethod):
 
         loss = self.train(model, loss_fn=loss_fn)  # local-steps iterations; a new SGD optimiser every round
         basis = subspace_basis(extract_features(model, self.data.x_train), self.hp["k"], self.hp["center"])
-        if self.hp["eval-model"] == "local":
-            self.save_model(model, MODEL)
+        self.save_model(model, MODEL)
         drift = float(F.cosine_similarity(parameters_to_vector(model.parameters()).detach(), received, dim=0))
         return ({wire.WEIGHTS: wire.pack_arrays(model.state_dict()), SUBSPACE: wire.pack_arrays({BASIS: basis})},
                 {wire.TRAIN_LOSS: loss, wire.METHOD_METRIC_PREFIX + "cos-to-received": drift})
 
     def evaluate(self, content):
-        if self.hp["eval-model"] == "local":
-            model = self.load_model(MODEL)
-        else:
-            model = self.model_from(content, wire.WEIGHTS)
-        return EvalResult(*evaluate_model(model, self.data.x_test, self.data.y_test))
+        """Both personalised models: theta_i after the client's last local training (kept in its state;
+        theta(0) before it first trains) and the aggregated theta~_i the server sent. ``eval-model``
+        picks the headline; both are reported (``local-acc``, ``aggregated-acc``)."""
+        scores = {"local": evaluate_model(self.load_model(MODEL), self.data.x_test, self.data.y_test),
+                  "aggregated": evaluate_model(self.model_from(content, wire.WEIGHTS), self.data.x_test,
+                                               self.data.y_test)}
+        metrics = {f"{name}-acc": correct / max(n, 1) for name, (_, correct, n) in scores.items()}
+        return EvalResult(*scores[self.hp["eval-model"]], metrics=metrics)

@@ -479,9 +479,12 @@ def test_inprocess_run_records_the_graph_draws_heatmaps_and_switches_the_regular
     assert w.shape == (3, 3) and np.allclose(w.sum(axis=1), 1.0) and recorded["pids"] == [0, 1, 2]
     assert (folder / "graph.png").exists() and (folder / "similarity.png").exists()
     assert not (folder / "pids.png").exists()  # not a square matrix
-    # evaluation uses the personalised model that the server sent, the same one round 3 trains from
+    # clients score both models: the aggregated theta~_i the server sent (the one round 3 trains from)
+    # and their own trained theta_i, the headline by default
     evaluate = [m for m, _ in log if m.metadata.message_type == "evaluate" and m.metadata.group_id == "2"]
     assert len(evaluate) == 3 and all(wire.WEIGHTS in m.content.array_records for m in evaluate)
+    assert summary["final_acc"] == pytest.approx(summary["final_eval_local_acc"])
+    assert summary["final_eval_aggregated_acc"] != summary["final_eval_local_acc"]
 
 
 def test_first_round_trains_without_the_regulariser(inprocess):
@@ -520,17 +523,17 @@ def test_a_malformed_reply_is_dropped_and_the_others_are_aggregated(inprocess):
 
 def test_options_run_end_to_end(inprocess):
     """The spec's variants (authors' regulariser, greedy columns, centred PCA, raw-parameter similarity
-    with the clamp, code boundary, cvxpy, evaluation of the local model) all run and keep rows on the
-    simplex."""
+    with the clamp, code boundary, cvxpy, the aggregated model as the headline) all run and keep rows on
+    the simplex."""
     hook, log = _spy()
     options = {"fedsac.regulariser": "authors", "fedsac.angles": "greedy_columns", "fedsac.center": True,
                "fedsac.sim-vector": "params", "fedsac.sim-clamp": 0.9, "fedsac.alpha-boundary": "code",
-               "fedsac.solver": "cvxpy", "fedsac.eval-model": "local"}
+               "fedsac.solver": "cvxpy", "fedsac.eval-model": "aggregated"}
     summary, _ = inprocess(num_clients=3, faults=hook, **FAST, **options)
     assert summary["dropped_replies"] == 0 and 0 <= summary["final_acc"] <= 1
     round2 = [m for m, _ in log if m.metadata.message_type == "train" and m.metadata.group_id == "2"]
     assert all(set(m.content.array_records) == {wire.WEIGHTS, "fedsac-reference"} for m in round2)
-    assert all(not m.content.array_records for m, _ in log if m.metadata.message_type == "evaluate")
+    assert summary["final_acc"] == pytest.approx(summary["final_eval_aggregated_acc"])
     w = np.array(json.loads((Path(summary["results_dir"]) / "round_matrices" / "0002.json").read_text())["graph"])
     assert (w >= -1e-8).all() and np.allclose(w.sum(axis=1), 1.0, atol=1e-6)
 
