@@ -49,11 +49,18 @@ def similarity_matrix(gram: np.ndarray, clamp: float = 1.0) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- complementarity (Eqs. 6-7)
+def column_cosines(bases: np.ndarray) -> np.ndarray:
+    """U_i^T U_j for every pair, (n, n, k, k), as one matrix product of all the columns (a view)."""
+    n, d, k = bases.shape
+    columns = bases.transpose(0, 2, 1).reshape(n * k, d)
+    return (columns @ columns.T).reshape(n, k, n, k).transpose(0, 2, 1, 3)
+
+
 def principal_angles(bases: np.ndarray) -> np.ndarray:
     """Standard principal angles between the column spans of every pair of orthonormal bases.
 
-    The cosines of the angles are the singular values of U_i^T U_j (Bjorck and Golub), computed
-    as one batched SVD over all pairs. They do not depend on the choice of basis or on signs.
+    The cosines of the angles are the singular values of U_i^T U_j (Bjorck and Golub): one batched
+    SVD over the pairs i <= j, mirrored. They do not depend on the choice of basis or on signs.
 
     Parameters
     ----------
@@ -65,9 +72,12 @@ def principal_angles(bases: np.ndarray) -> np.ndarray:
     (n, n, k) array
         Angles in [0, pi/2], smallest first.
     """
-    cross = np.einsum("adk,bdl->abkl", bases, bases)
-    sigma = np.linalg.svd(cross, compute_uv=False)
-    return np.arccos(np.clip(sigma, 0.0, 1.0))
+    n, _, k = bases.shape
+    rows, cols = np.triu_indices(n)
+    sigma = np.linalg.svd(column_cosines(bases)[rows, cols], compute_uv=False)
+    angles = np.empty((n, n, k))
+    angles[rows, cols] = angles[cols, rows] = np.arccos(np.clip(sigma, 0.0, 1.0))
+    return angles
 
 
 def greedy_column_angles(bases: np.ndarray) -> np.ndarray:
@@ -83,8 +93,7 @@ def greedy_column_angles(bases: np.ndarray) -> np.ndarray:
         The matched angles, in the order they were picked.
     """
     n, _, k = bases.shape
-    unit = bases / np.linalg.norm(bases, axis=1, keepdims=True)
-    cos = np.einsum("adk,bdl->abkl", unit, unit).reshape(n, n, k * k).copy()
+    cos = column_cosines(bases / np.linalg.norm(bases, axis=1, keepdims=True)).reshape(n, n, k * k)
     picked = np.empty((n, n, k))
     rows, cols = np.arange(k * k) // k, np.arange(k * k) % k
     for step in range(k):
