@@ -180,7 +180,8 @@ class FedSaCStrategy(PersonalizedStrategy):
     def authors_references(self, graph: np.ndarray, stacks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """c_i = sum_j W_ij theta_j / |theta_j| for every parameter tensor (the authors' regulariser)."""
         n = len(graph)
-        sq = sum((s.reshape(n, -1).astype(np.float64) ** 2).sum(axis=1) for k, s in stacks.items() if is_parameter(k))
+        sq = sum(np.einsum("ij,ij->i", s.reshape(n, -1), s.reshape(n, -1), dtype=np.float64)
+                 for k, s in stacks.items() if is_parameter(k))
         scaled = graph / np.sqrt(np.maximum(sq, 1e-30))[None, :]
         return {key: aggregate_by_graph(scaled, s) for key, s in stacks.items() if is_parameter(key)}
 

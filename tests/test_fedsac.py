@@ -365,6 +365,21 @@ def test_strategy_aggregation_matches_a_manual_weighted_sum_per_tensor():
                                rtol=1e-4)
 
 
+def test_authors_regulariser_reference_is_the_graph_mix_of_normalised_models():
+    """regulariser = "authors": client i also gets c_i = sum_j W_ij theta_j / |theta_j| (their code)."""
+    rng = np.random.default_rng(19)
+    strategy = make_strategy(3, regulariser="authors")
+    replies = [make_reply(strategy, pid, noisy_weights(strategy, rng), np.linalg.qr(rng.standard_normal((84, 3)))[0])
+               for pid in range(3)]
+    strategy.aggregate(1, replies)
+    thetas = [np.concatenate([r.arrays[wire.WEIGHTS][k].ravel() for k in strategy.initial_weights]) for r in replies]
+    payload = strategy.train_payload(1, 2)
+    reference = np.concatenate([v.ravel() for v in wire.unpack_arrays(payload["fedsac-reference"]).values()])
+    manual = sum(strategy.graph[1, j] * thetas[j] / np.linalg.norm(thetas[j]) for j in range(3))
+    np.testing.assert_allclose(reference, manual, rtol=1e-4, atol=1e-7)
+    assert strategy.train_config(1, 2) == {REGULARISER: "authors"}
+
+
 def test_partial_participation_changes_only_the_sampled_block():
     """Large-scale mode: 50 clients, fraction-train 0.2 -> |S_t| = 10 per round; only the S_t x S_t block
     of W and the S_t clients' personal models change."""
@@ -467,7 +482,8 @@ def test_inprocess_run_records_the_graph_draws_heatmaps_and_switches_the_regular
     assert modes == ["off"] * 3 + ["paper"] * 6
     msg, reply = train[-1]
     up = reply.content.array_records
-    assert set(up) == {wire.WEIGHTS, SUBSPACE}
+    assert set(up) == {wire.WEIGHTS, SUBSPACE}  # theta_i (P), U_i (d x k) and n_i (a metric)
+    assert dict(reply.content.metric_records[wire.METRICS])[wire.NUM_EXAMPLES] > 0
     basis = wire.unpack_arrays(up[SUBSPACE])[BASIS]
     assert basis.shape == (84, 3)
     np.testing.assert_allclose(basis.T @ basis, np.eye(3), atol=1e-5)
