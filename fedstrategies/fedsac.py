@@ -85,6 +85,8 @@ class FedSaCStrategy(PersonalizedStrategy):
         if self.hp["k"] > model.feature_dim:
             raise ValueError(f"fedsac.k = {self.hp['k']} exceeds the feature dimension {model.feature_dim} "
                              f"of model {model.name!r}")
+        if self.hp["solver"] == "cvxpy":
+            import cvxpy  # noqa: F401  (seconds to import: once per run, not in the first round's time)
         self.personal: dict = {}
         self.references: dict = {}
         self.graph = np.zeros((len(self.clients), len(self.clients)))
