@@ -69,6 +69,8 @@ REGISTRY: dict[str, Method] = _entries(
            "fedstrategies.fedfcd:FedFCDStrategy", "clients.fedfcd:FedFCDClient"),
     Method("mupfl", "MuPFL (Zhang et al. 2023): activation dropout, clustered updates, classifier tuning on federated features",
            "fedstrategies.mupfl:MuPFLStrategy", "clients.mupfl:MuPFLClient"),
+    Method("fedsac", "FedSaC (Yan et al. 2024): per-client models mixed by a similarity/complementarity graph",
+           "fedstrategies.fedsac:FedSaCStrategy", "clients.fedsac:FedSaCClient"),
 )
 
 

@@ -182,6 +182,7 @@ class ResultsWriter:
             (self.dir / "dropped.json").write_text(json.dumps(dropped, indent=2, default=str))
         if evaluated:
             plot_accuracy(evaluated, self.dir / "accuracy.png", title=f"{self.cfg['method']} on {self.cfg['dataset']}")
+        plot_round_matrices(self.dir / "round_matrices", title=self.cfg["method"])
         return summary
 
 
@@ -231,6 +232,47 @@ def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
 
 def _num(value) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def plot_round_matrices(folder: Path, title: str = "", annotate_up_to: int = 12) -> list[Path]:
+    """Heatmaps of the square matrices a method recorded (``round_matrices/<round>.json``): for each
+    name, its first, middle and last recorded round side by side on one colour scale, written to
+    ``round_matrices/<name>.png`` (FedSaC's collaboration graph, attention weights). Matrices up to
+    ``annotate_up_to`` rows show their values. Returns the files written."""
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not files:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    picks = sorted({0, len(files) // 2, len(files) - 1})
+    rounds = [(int(files[i].stem), json.loads(files[i].read_text())) for i in picks]
+    names = dict.fromkeys(name for _, mats in rounds for name in mats)
+    written = []
+    for name in names:
+        shown = [(rnd, np.asarray(mats[name], dtype=float)) for rnd, mats in rounds if name in mats]
+        shown = [(rnd, m) for rnd, m in shown if m.ndim == 2 and m.shape[0] == m.shape[1] and m.size]
+        if not shown:
+            continue
+        low, high = min(m.min() for _, m in shown), max(m.max() for _, m in shown)
+        fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.8), squeeze=False, layout="constrained")
+        for ax, (rnd, m) in zip(axes[0], shown):
+            image = ax.imshow(m, vmin=low, vmax=high, cmap="viridis")
+            ax.set(title=f"round {rnd}", xlabel="column", ylabel="row")
+            if len(m) <= annotate_up_to:
+                ax.set(xticks=range(len(m)), yticks=range(len(m)))
+                for (i, j), value in np.ndenumerate(m):
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if value < (low + high) / 2 else "black")
+        fig.colorbar(image, ax=list(axes[0]), shrink=0.9)
+        fig.suptitle(f"{title}: {name}" if title else name)
+        path = folder / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
 
 
 def format_summary(summary: dict) -> str:

@@ -1,0 +1,214 @@
+"""FedSaC (Yan et al., ICML 2024): a collaboration graph that balances similarity and complementarity.
+
+Every round each participating client starts from its personalised model theta~_i, trains it with
+cross-entropy minus lambda * cos(theta, theta~_i) (clients/fedsac.py) and uploads its parameters
+theta_i and an orthonormal basis U_i (d x k) of its penultimate-layer features. The server then
+(fedstrategies/fedsac_math.py):
+
+- measures model similarity S_ij (cosine of the updates theta_j - theta(0), or of the raw parameters)
+  and feature overlap C_ij (cosine of the mean principal angle between span U_i and span U_j);
+- solves one QP per client over the simplex: keep W_i. near the data weights p, reward S, penalise C
+  (alpha is switched off for the last 30% of rounds);
+- sends client i theta~_i = sum_j W_ij theta_j at its next train message and at every evaluation.
+
+Under partial participation (the paper's large-scale runs sample 10 clients per round) only the
+S_t x S_t block of W and the theta~ of the clients in S_t change; a client that has never been
+aggregated gets theta(0). The theta~_i are kept in their wire form: packed once when computed,
+then sent as they are (train and evaluate messages), never copied again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcore import wire
+from fedcore.config import Key
+from fedstrategies.base import PersonalizedStrategy, weights_schema
+from fedstrategies.fedsac_math import (ALPHA_BOUNDARIES, ANGLES, SOLVERS, aggregate_by_graph, alpha_at,
+                                       collaboration_graph, complementarity_matrix, similarity_matrix)
+
+SUBSPACE = "fedsac-subspace"  # record: {"basis": (d, k) float32, orthonormal columns}
+BASIS = "basis"
+REFERENCE = "fedsac-reference"  # record: the authors' regulariser reference c_i (regulariser = "authors")
+REGULARISER = "fedsac-regulariser"  # config key: "off" | "paper" | "authors" for this message
+REGULARISERS = ("paper", "authors")
+SIM_VECTORS = ("delta_init", "params")
+EVAL_MODELS = ("aggregated", "local")
+ORTHONORMAL_TOL = 1e-3  # |U^T U - I| a basis may show (float32 rounding is ~1e-7)
+GRAM_BLOCK = 1 << 24  # values per column block of the similarity Gram matrix (64 MB of float32)
+
+HPARAMS = {
+    "lambda": Key(0.01, "weight of the local pull -lambda * cos(theta, theta~_i) (Eq. 9; Table 3 best, "
+                  "authors' default; the text of App. B.1 says 1)", low=0.0),
+    "alpha": Key(0.9, "complementarity weight (0.9 Homo/Dirichlet, 0.5 pathological)", low=0.0),
+    "beta": Key(1.4, "similarity weight (1.4 Homo/Dirichlet, 1.6 pathological)", low=0.0),
+    "k": Key(3, "rank of each client's feature subspace", low=1),
+    "alpha-fraction": Key(0.7, "share of the rounds (from the first) in which alpha is on; 0 afterwards",
+                          low=0.0, high=1.0),
+    "alpha-boundary": Key("paper", "paper: alpha on while t < 0.7 T (t from 0); code: the authors' "
+                          "t / T > 0.7 switches it off, one round later", choices=ALPHA_BOUNDARIES),
+    "sim-vector": Key("delta_init", "similarity of the updates theta_j - theta(0) (authors' code) or of the "
+                      "raw parameters (Eq. 4 as printed)", choices=SIM_VECTORS),
+    "sim-clamp": Key(1.0, "similarities above this become 1 (authors' code: 0.9); 1 = off", low=-1.0, high=1.0),
+    "angles": Key("standard", "standard principal angles (SVD) or the authors' greedy column matching",
+                  choices=ANGLES),
+    "center": Key(False, "centre the features before the SVD (the authors' PCA) instead of Eq. 5's plain SVD"),
+    "regulariser": Key("paper", "paper: -lambda cos(theta, theta~_i) (Eq. 9); authors: +lambda <c_i, theta>/|theta| "
+                       "with c_i = sum_j W_ij theta_j/|theta_j| (their code's sign)", choices=REGULARISERS),
+    "solver": Key("closed_form", "the QP: exact simplex projection for all rows at once, or cvxpy (reference)",
+                  choices=SOLVERS),
+    "eval-model": Key("local", "headline accuracy of theta_i after the client's local training (the spec's output "
+                      "theta_i(T), the authors' 'post' evaluation) or of the aggregated theta~_i ('pre'); both "
+                      "are reported as eval_local_acc and eval_aggregated_acc", choices=EVAL_MODELS),
+}
+
+
+def is_parameter(key: str) -> bool:
+    """Whether a state-dict entry is a trained parameter (in the similarity vector and the regulariser)
+    rather than a BatchNorm statistic."""
+    return not key.endswith(("running_mean", "running_var", "num_batches_tracked"))
+
+
+class FedSaCStrategy(PersonalizedStrategy):
+    """Per-client models mixed by the FedSaC collaboration graph.
+
+    State between rounds: ``personal`` (pid -> packed theta~_i), ``graph`` (W, N x N, rows and
+    columns in partition-id order; only blocks of sampled clients are ever written), ``num_examples``
+    (pid -> n_i of its last reply), ``references`` (the authors' regulariser vectors, in that mode),
+    and theta(0) (``initial_weights``).
+    """
+
+    checkpoint_attrs = ("personal", "references", "graph", "num_examples", "initial_weights")
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
+        if self.hp["k"] > model.feature_dim:
+            raise ValueError(f"fedsac.k = {self.hp['k']} exceeds the feature dimension {model.feature_dim} "
+                             f"of model {model.name!r}")
+        if self.hp["solver"] == "cvxpy":
+            import cvxpy  # noqa: F401  (seconds to import: once per run, not in the first round's time)
+        self.personal: dict = {}
+        self.references: dict = {}
+        self.graph = np.zeros((len(self.clients), len(self.clients)))
+        self.num_examples: dict[int, int] = {}
+        self.row_of = {pid: i for i, pid in enumerate(self.clients)}
+        self._packed_initial = wire.pack_arrays(self.initial_weights)
+
+    # ------------------------------------------------------------ messages
+    def personal_record(self, pid: int):
+        """theta~_i as sent: the aggregated model, or theta(0) before client ``pid`` was first aggregated."""
+        return self.personal.get(pid, self._packed_initial)
+
+    def train_payload(self, pid, server_round):
+        payload = {wire.WEIGHTS: self.personal_record(pid)}
+        if self.hp["regulariser"] == "authors" and pid in self.references:
+            payload[REFERENCE] = self.references[pid]
+        return payload
+
+    def train_config(self, pid, server_round):
+        """The regulariser is on once the client has an aggregated model: in its first round theta~_i
+        is theta(0), and the authors' code trains without it then."""
+        return {REGULARISER: self.hp["regulariser"] if pid in self.personal else "off"}
+
+    def reply_schema(self, pid):
+        return {wire.WEIGHTS: weights_schema(self.initial_weights),
+                SUBSPACE: {BASIS: (self.model.feature_dim, self.hp["k"])}}
+
+    def check_reply(self, reply):
+        if reply.num_examples <= 0:
+            return "num-examples must be positive (it is the client's data weight p_j)"
+        basis = reply.arrays[SUBSPACE][BASIS].astype(np.float64)
+        error = np.abs(basis.T @ basis - np.eye(basis.shape[1])).max()
+        if not error <= ORTHONORMAL_TOL:
+            return f"subspace basis is not orthonormal (max |U^T U - I| = {error:.3g})"
+        return None
+
+    def evaluate_payload(self, pid, server_round):
+        """theta~_i: clients score it beside their own last trained theta_i (``eval-model`` picks the headline)."""
+        return {wire.WEIGHTS: self.personal_record(pid)}
+
+    # ------------------------------------------------------------ the server rule
+    def aggregate(self, server_round, replies):
+        pids = [r.pid for r in replies]
+        n = np.array([r.num_examples for r in replies], dtype=np.float64)
+        p = n / n.sum()
+        stacks = {key: np.stack([r.arrays[wire.WEIGHTS][key] for r in replies])
+                  for key in self.initial_weights}
+        similarity = similarity_matrix(self.gram(stacks), self.hp["sim-clamp"])
+        bases = np.stack([r.arrays[SUBSPACE][BASIS] for r in replies]).astype(np.float64)
+        complementarity = complementarity_matrix(bases, self.hp["angles"])
+        alpha = alpha_at(server_round, self.cfg["num-server-rounds"], self.hp["alpha"],
+                         self.hp["alpha-fraction"], self.hp["alpha-boundary"])
+        graph = collaboration_graph(p, similarity, complementarity, alpha, self.hp["beta"], self.hp["solver"])
+
+        if self.hp["regulariser"] == "authors":
+            self.store(pids, self.references, self.authors_references(graph, stacks))
+        mixed = {key: aggregate_by_graph(graph, stacks.pop(key)) for key in list(stacks)}
+        self.store(pids, self.personal, mixed)
+        rows = [self.row_of[pid] for pid in pids]
+        self.graph[np.ix_(rows, rows)] = graph
+        self.num_examples.update(zip(pids, (int(v) for v in n)))
+
+        self.record_matrix("graph", graph)
+        self.record_matrix("similarity", similarity)
+        self.record_matrix("complementarity", complementarity)
+        self.record_matrix("pids", np.array(pids))
+        off = ~np.eye(len(pids), dtype=bool)
+        return {"alpha": alpha, "self-weight": float(np.diag(graph).mean()),
+                "similarity": float(similarity[off].mean()) if off.any() else 1.0,
+                "complementarity": float(complementarity[off].mean()) if off.any() else 1.0}
+
+    def gram(self, stacks: dict[str, np.ndarray]) -> np.ndarray:
+        """<v_i, v_j> over all parameters, one tensor at a time (never one matrix of all parameters).
+
+        v_j = theta_j - theta(0) (``delta_init``) or theta_j (``params``). The differences are formed
+        in column blocks of at most ``GRAM_BLOCK`` values, so the temporary stays small at 1,000
+        clients; each block's float32 product ``v @ v.T`` (BLAS syrk) is summed in float64.
+        """
+        n = len(next(iter(stacks.values())))
+        gram = np.zeros((n, n))
+        width = max(1, GRAM_BLOCK // n)
+        for key, stacked in stacks.items():
+            if not is_parameter(key):
+                continue
+            flat = stacked.reshape(n, -1)
+            init = self.initial_weights[key].reshape(1, -1)
+            for start in range(0, flat.shape[1], width):
+                v = flat[:, start:start + width]
+                v = v - init[:, start:start + width] if self.hp["sim-vector"] == "delta_init" else np.array(v)
+                gram += v @ v.T
+        return gram
+
+    def authors_references(self, graph: np.ndarray, stacks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """c_i = sum_j W_ij theta_j / |theta_j| for every parameter tensor (the authors' regulariser)."""
+        n = len(graph)
+        sq = sum(np.einsum("ij,ij->i", s.reshape(n, -1), s.reshape(n, -1), dtype=np.float64)
+                 for k, s in stacks.items() if is_parameter(k))
+        scaled = graph / np.sqrt(np.maximum(sq, 1e-30))[None, :]
+        return {key: aggregate_by_graph(scaled, s) for key, s in stacks.items() if is_parameter(key)}
+
+    @staticmethod
+    def store(pids: list[int], into: dict, tensors: dict[str, np.ndarray]) -> None:
+        """Pack row i of every tensor as client pids[i]'s record."""
+        for i, pid in enumerate(pids):
+            into[pid] = wire.pack_arrays({key: value[i] for key, value in tensors.items()})
+
+    def personal_weights(self, pid: int) -> dict[str, np.ndarray]:
+        """theta~_i as numpy arrays (read-only views of the packed record)."""
+        return wire.unpack_arrays(self.personal_record(pid))
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._packed_initial = wire.pack_arrays(self.initial_weights)
+
+    # ------------------------------------------------------------ the server benchmark
+    def example_reply(self, pid, phase, rng):
+        """A realistic train reply for benchmarks.server_time: theta(0) plus noise and an
+        orthonormal basis (random noise would fail the orthonormality check)."""
+        if phase != "train":
+            return {}
+        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
+                   for k, v in self.initial_weights.items()}
+        basis, _ = np.linalg.qr(rng.standard_normal((self.model.feature_dim, self.hp["k"])))
+        return {wire.WEIGHTS: wire.pack_arrays(weights),
+                SUBSPACE: wire.pack_arrays({BASIS: basis.astype(np.float32)})}
