@@ -24,7 +24,7 @@ CERTS_DIR ?= certs
 SUPERLINK_NAMES ?= localhost,127.0.0.1
 
 .PHONY: install run test bench bench-server deploy-local clean certs deploy-netns docker-setup docker-base \
-	docker-run test-deploy bench-deploy
+	docker-run test-deploy bench-deploy bench-sim readme
 
 install: $(STAMP)
 
@@ -84,3 +84,11 @@ test-deploy: $(STAMP)
 # deployed round vs simulated round, fedavg on mnist5k, 2 and 4 SuperNodes (README table)
 bench-deploy: $(STAMP)
 	$(BIN)/python -m benchmarks.deployed_round --supernodes 2,4 --out docs/results/deployed-round
+
+# flwr run vs the same work sequentially on one thread: fedavg, fedproto, ditto, 20 clients, 50 rounds (README table)
+bench-sim: $(STAMP)
+	$(BIN)/python -m benchmarks.sim_speed --methods fedavg,fedproto,ditto --clients 20 --rounds 50 --out docs/results/sim-speed
+
+# refresh every README table from the table.md its benchmark wrote (<!-- table: path --> blocks)
+readme: $(STAMP)
+	$(BIN)/python -m benchmarks.readme_tables

@@ -47,6 +47,10 @@ class GlobalHead:
             self.linear.bias.copy_(torch.as_tensor(np.array(bias, dtype=np.float32)))
         self.optimizer = torch.optim.SGD(self.linear.parameters(), lr=lr, momentum=momentum)
 
+    def state_dict(self) -> dict:
+        """The head's parameters and its optimiser's state (to compare or inspect a checkpoint)."""
+        return {"linear": self.linear.state_dict(), "optimizer": self.optimizer.state_dict()}
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The head as numpy arrays (copies): ``weight`` (C, d) and ``bias`` (C,)."""
         return {"weight": self.linear.weight.detach().numpy().copy(), "bias": self.linear.bias.detach().numpy().copy()}

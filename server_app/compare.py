@@ -117,6 +117,12 @@ def run_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
             "results-dir": str(out / "runs"), "run-name": f"{entry.label}-s{seed}"}
 
 
+def job_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
+    """What a job runs: its run config, replacing whatever its folder holds (a cut-off or older run of
+    the comparison; ``--reuse`` has already kept the finished ones that match)."""
+    return {**run_config(preset, entry, seed, out), "overwrite": True}
+
+
 def _run_inprocess(config: dict, supernodes: int) -> dict:
     """One in-process run in a worker process with one torch thread (what ``jobs`` parallelises)."""
     import torch
@@ -147,7 +153,9 @@ def finished_run(config: dict) -> dict | None:
 
 
 def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds: list[int] | None = None,
-            reuse: bool = False) -> Path:
+            reuse: bool = False, table_only: bool = False) -> Path:
+    """Run the preset's (label, seed) jobs and write the table. ``reuse`` keeps finished runs;
+    ``table_only`` runs nothing and tables the finished runs there are (rows name their seed count)."""
     spec = preset["compare"]
     rows_of = entries(preset, labels)
     seeds = seeds if seeds is not None else spec.get("seeds", [0])
@@ -155,7 +163,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [(e, s) for e in rows_of if e.runs_of is None for s in seeds]
     results: dict[str, list[dict]] = {e.label: [] for e in rows_of}
-    if reuse:
+    if reuse or table_only:
         for entry, seed in list(jobs):
             summary = finished_run(run_config(preset, entry, seed, out))
             if summary is not None:
@@ -163,6 +171,9 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                 results[entry.label].append(summary)
                 jobs.remove((entry, seed))
     failures = []
+    if table_only:
+        failures += [f"{entry.label} seed {seed}: not run" for entry, seed in jobs]
+        jobs = []
     started = time.monotonic()
     supernodes = spec.get("supernodes", 10)
     engine = spec.get("engine", "flwr")
@@ -186,7 +197,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         with ProcessPoolExecutor(max_workers=workers) as pool:
             t0 = time.monotonic()
-            futures = [pool.submit(_run_inprocess, run_config(preset, e, s, out), supernodes) for e, s in jobs]
+            futures = [pool.submit(_run_inprocess, job_config(preset, e, s, out), supernodes) for e, s in jobs]
             print(f"{len(jobs)} in-process runs on {workers} worker(s) ...", flush=True)
             for i, ((entry, seed), future) in enumerate(zip(jobs, futures), 1):
                 record(i, entry, seed, future.result(), time.monotonic() - t0)
@@ -194,7 +205,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
         for i, (entry, seed) in enumerate(jobs, 1):
             print(f"[{i}/{len(jobs)}] {entry.label} seed {seed} ...", flush=True)
             t0 = time.monotonic()
-            result = simulate(run_config(preset, entry, seed, out), supernodes=supernodes, app_dir=app_dir,
+            result = simulate(job_config(preset, entry, seed, out), supernodes=supernodes, app_dir=app_dir,
                               cpus_per_client=spec.get("cpus-per-client", 1),
                               gpus_per_client=spec.get("gpus-per-client", 0.0), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
@@ -289,16 +300,22 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
     def pct(mean, std):
         return "-" if np.isnan(mean) else f"{100 * mean:.2f} ± {100 * std:.2f}"
 
+    wanted = len(spec["seeds"]) if "seeds" in spec else max((r["seeds"] for r in rows), default=0)
     for r in rows:
+        label = r["method"] if r["seeds"] == wanted else f"{r['method']} ({r['seeds']} seed{'s' * (r['seeds'] > 1)})"
         lines.append(
-            f"| {r['method']} | {pct(r['final_acc'], r['final_acc_std'])} "
+            f"| {label} | {pct(r['final_acc'], r['final_acc_std'])} "
             f"| {pct(r['client_acc_mean'], r['client_acc_mean_std'])} | {pct(r['best_acc'], r['best_acc_std'])} "
             f"| {pct(r['best_client_acc_mean'], r['best_client_acc_mean_std'])} "
             f"| {pct(r['last10_acc'], r['last10_acc_std'])} "
             f"| {r['mb_up_per_round']:.3f} | {r['mb_down_per_round']:.3f} | {r['wall_s_per_round']:.2f} |"
             + (f" {_rounds_cell(r)} |" if target is not None else ""))
-    if failures:
-        lines += ["", "Failed runs: " + "; ".join(failures)]
+    not_run = [f for f in failures if f.endswith(": not run")]
+    failed = [f for f in failures if not f.endswith(": not run")]
+    if not_run:
+        lines += ["", f"Not run ({len(not_run)}): " + "; ".join(f.removesuffix(": not run") for f in not_run)]
+    if failed:
+        lines += ["", "Failed runs: " + "; ".join(failed)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
@@ -347,11 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", type=Path, default=Path("."))
     parser.add_argument("--reuse", action="store_true",
                         help="keep completed runs whose saved config matches instead of running them again")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: table the completed runs there are, with each row's number of seeds")
     args = parser.parse_args(argv)
     preset = load_preset(args.preset)
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    out = run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse)
+    out = run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse, table_only=args.table_only)
     (out / "preset.json").write_text(json.dumps(preset, indent=2))
     return 0
 

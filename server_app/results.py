@@ -268,7 +268,8 @@ def plot_round_matrices(folder: Path, title: str = "", annotate_up_to: int = 12)
                             color="white" if value < (low + high) / 2 else "black")
         fig.colorbar(image, ax=list(axes[0]), shrink=0.9)
         fig.suptitle(f"{title}: {name}" if title else name)
-        path = folder / f"{name}.png"
+        path = folder / f"{name}.png"  # a name such as "attention/body.0" gets its own sub-folder
+        path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import Config
-from server_app.compare import Entry, aggregate_row, entries, load_preset, plot_curves, write_table
+from server_app.compare import Entry, aggregate_row, entries, load_preset, plot_curves, run_all, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,3 +78,21 @@ def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path):
     assert "| local |" in table and "| fedavg-strong |" in table and "engine inprocess" in table
     assert (out / "runs" / "fedavg-strong-s0" / "summary.json").exists()
     assert (out / "curves.png").exists()
+
+
+def test_table_only_tables_the_finished_runs_and_names_the_missing(tmp_path):
+    from tests.conftest import run_inprocess
+
+    preset = {"compare": {"methods": ["local", "fedavg"], "seeds": [0, 1], "supernodes": 3, "output": "cmp",
+                          "engine": "inprocess"},
+              "run-config": {"dataset": "digits", "num-server-rounds": 2}}
+    out = tmp_path / "cmp"
+    for method, seeds in (("local", (0, 1)), ("fedavg", (0,))):
+        for seed in seeds:
+            run_inprocess(tmp_path, 3, None, method=method, seed=seed, **{"num-server-rounds": 2,
+                          "results-dir": str(out / "runs"), "run-name": f"{method}-s{seed}"})
+    (out / "runs" / "fedavg-s1").mkdir()  # a cut-off run: no summary, so it is missing, not reused
+    run_all(preset, tmp_path, table_only=True)
+    table = (out / "table.md").read_text()
+    assert "| local | " in table and "| fedavg (1 seed) | " in table
+    assert "Not run (1): fedavg seed 1" in table

@@ -98,3 +98,20 @@ def test_a_signal_stops_every_process_the_launcher_started(tmp_path, sig, code):
     assert _flower_processes(str(tmp_path)) == []  # SuperLink, SuperExec and the simulation are gone
     assert not list(tmp_path.glob("flwr-home-*"))  # and so is the launcher's private Flower home
     assert not (tmp_path / "results" / "long" / "summary.json").exists()  # nothing pretends to be complete
+
+
+def test_launcher_output_has_no_line_about_defaults_and_one_summary(tmp_path):
+    """Only lines true for the run the user started: none of Flower's generic notes about a default
+    configuration or federation size, a progress line per round with an estimate, the summary once."""
+    cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", "3", "--run-config",
+           f"dataset='digits' num-server-rounds=2 results-dir='{tmp_path / 'results'}' run-name='clean'"]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
+                          text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    for untrue in ("Created default configuration", "configuration not found", "default simulated SuperNodes",
+                   "flwr federation", "To change federation size", "warnings.warn("):
+        assert untrue not in out, untrue
+    assert "3 clients connected" in out
+    assert all(f"[round {r}/2]" in out and "left ~" in out for r in (1, 2))
+    assert out.count("| final acc (weighted) %") == 1  # the summary table, printed once

@@ -134,7 +134,7 @@ def test_rounds_to_target_column(tmp_path):
     assert rounds_to_target(path, "eval_x", 0.9) == 4
     assert rounds_to_target(path, "acc_weighted", 0.95) is None
     rows = [{"method": m, "final_acc": 0.9, "final_acc_std": 0.0, "client_acc_mean": 0.9, "client_acc_mean_std": 0,
-             "best_acc": 0.9, "best_acc_std": 0, "last10_acc": 0.9, "last10_acc_std": 0, "mb_up_per_round": 1,
+             "best_acc": 0.9, "best_acc_std": 0, "best_client_acc_mean": 0.9, "best_client_acc_mean_std": 0, "last10_acc": 0.9, "last10_acc_std": 0, "mb_up_per_round": 1,
              "mb_down_per_round": 1, "wall_s_per_round": 1, "seeds": 3, "client_acc_std_within": 0,
              **target_row(r)} for m, r in (("a", [3, 5, 4]), ("b", [10, None, 12]), ("c", [None, None, None]))]
     write_table(rows, tmp_path, {"compare": {"target-acc": 0.9}}, [])
