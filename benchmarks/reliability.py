@@ -28,6 +28,19 @@ COMPARED = ("round", "acc_weighted", "acc_client_mean", "loss", "train_loss", "b
 FAULT_KINDS = "raise,nan,shape,missing,wrong-pid,huge,overflow"
 
 
+REASON_KINDS = (  # (text in the drop reason, what the table calls it), first match wins
+    ("injected fault", "client raised"), ("client error", "client raised"), ("no reply", "no reply"),
+    ("NaN or Inf", "NaN/Inf"), ("overflow", "overflow"), ("norm", "norm over bound"),
+    ("shape", "wrong shape"), ("missing", "missing record/metric"), ("partition id", "wrong partition id"),
+    ("num-examples", "bad count"), ("dtype", "wrong dtype"),
+)
+
+
+def _kind(reason: str) -> str:
+    """A drop reason as the kind of fault it reveals (the full reasons are in each run's dropped.json)."""
+    return next((kind for text, kind in REASON_KINDS if text in reason), reason[:40])
+
+
 def _overrides(config: dict) -> str:
     from server_app.flower_cli import toml_overrides
 
@@ -79,7 +92,7 @@ def fault_run(method: str, results: Path) -> dict:
     folder = results / f"faults-{method}"
     dropped = json.loads((folder / "dropped.json").read_text()) if (folder / "dropped.json").exists() else []
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
-    reasons = sorted({d["reason"].split(":")[0].split(" has ")[0][:40] for d in dropped})
+    reasons = sorted({_kind(d["reason"]) for d in dropped})
     return {"method": method, "exit": code, "completed": code == 0 and bool(summary),
             "dropped": len(dropped), "final_acc": summary.get("final_acc"), "reasons": "; ".join(reasons)}
 

@@ -28,7 +28,7 @@ from fedcore import wire
 from fedcore.config import Key
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.fedfcd_math import GlobalHead
-from fedstrategies.prototypes import aggregate_class_features, check_class_features
+from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features
 
 HPARAMS = {
     "lambda": Key(1.0, "weight of the feature-alignment term R_i (Eq. 6); paper: 1 for FMNIST, 5 for CIFAR",
@@ -106,16 +106,9 @@ class FedFCDStrategy(PersonalizedStrategy):
         return {wire.CLASS_FEATURES: dict(wire.CLASS_FEATURES_SCHEMA)}
 
     def check_reply(self, reply):
-        arrays = reply.arrays[wire.CLASS_FEATURES]
-        problem = check_class_features(arrays, self.num_classes, self.model.feature_dim)
-        if problem:
-            return problem
         # The counts weigh the GFRs: they must be the class sizes the client reported at the handshake.
-        own = self.clients[reply.pid].train_label_counts
-        ids, counts = arrays["class-ids"], arrays["counts"]
-        if not (np.array_equal(np.sort(ids), np.flatnonzero(own)) and np.array_equal(counts, own[ids])):
-            return "class ids and counts differ from the client's training label counts"
-        return None
+        return check_whole_class_features(reply.arrays[wire.CLASS_FEATURES], self.num_classes,
+                                          self.model.feature_dim, self.clients[reply.pid].train_label_counts)
 
     def aggregate(self, server_round, replies):
         """Train phi_g on this round's (LFR, label) pairs (Eq. 4), then update the GFRs (Eq. 5)."""

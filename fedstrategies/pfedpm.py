@@ -21,7 +21,7 @@ import numpy as np
 from fedcore import wire
 from fedcore.config import Key
 from fedstrategies.base import PersonalizedStrategy
-from fedstrategies.prototypes import aggregate_class_features, check_class_features, merge_class_features
+from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features, merge_class_features
 
 HPARAMS = {
     "a": Key(0.5, "weight of the client's own class features in the mixed features (Eq. 8); the paper "
@@ -93,17 +93,9 @@ class PFedPMStrategy(PersonalizedStrategy):
         return {wire.CLASS_FEATURES: {"class-ids": (n,), "features": (n, d), "counts": (n,)}}
 
     def check_reply(self, reply):
-        arrays = reply.arrays[wire.CLASS_FEATURES]
-        problem = check_class_features(arrays, self.num_classes, self.model.feature_dim)
-        if problem:
-            return problem
-        own = self.clients[reply.pid].train_label_counts
-        ids, counts = arrays["class-ids"], arrays["counts"]
-        if (own[ids] == 0).any():
-            return f"class ids {sorted(set(ids[own[ids] == 0].tolist()))} are not among the client's classes"
-        if (counts != own[ids]).any():  # Eq. 6 averages the whole local set: n_ij is the class's size
-            return "class counts differ from the client's training label counts"
-        return None
+        # Eq. 6 averages the whole local set: n_ij is the class's size from the handshake
+        return check_whole_class_features(reply.arrays[wire.CLASS_FEATURES], self.num_classes,
+                                          self.model.feature_dim, self.clients[reply.pid].train_label_counts)
 
     def example_reply(self, pid, phase, rng):
         """A realistic reply for the server benchmark: one random d-vector per local class."""

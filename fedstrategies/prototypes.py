@@ -74,3 +74,20 @@ def check_class_features(arrays: dict[str, np.ndarray], num_classes: int, width:
     if feats.shape[1] != width:
         return f"feature dimension {feats.shape[1]} differs from {width}"
     return None
+
+
+def check_whole_class_features(arrays: dict[str, np.ndarray], num_classes: int, width: int,
+                               own_counts: np.ndarray) -> str | None:
+    """``check_class_features``, and the upload must cover exactly the client's classes with their full
+    sizes from the handshake (``own_counts``): methods whose server weights by these counts (pFedPM's
+    Eq. 6-7, FedFCD's Eq. 5) must not let a client inflate its weight."""
+    problem = check_class_features(arrays, num_classes, width)
+    if problem:
+        return problem
+    ids, counts = arrays["class-ids"], arrays["counts"]
+    if not np.array_equal(np.sort(ids), np.flatnonzero(own_counts)):
+        return (f"class ids {sorted(ids.tolist())} are not the client's classes "
+                f"{np.flatnonzero(own_counts).tolist()}")
+    if (counts != own_counts[ids]).any():
+        return "class counts differ from the client's training label counts"
+    return None

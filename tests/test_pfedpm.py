@@ -204,7 +204,7 @@ def test_server_state_holds_no_model_parameters_and_needs_no_architecture():
     (lambda ids, f, c: (ids, np.zeros((len(ids), D + 1), np.float32), c), "shape"),
     (lambda ids, f, c: (np.array([0, 0]), f, c), "distinct"),
     (lambda ids, f, c: (np.array([0, 10]), f, c), "in 0..9"),
-    (lambda ids, f, c: (np.array([0, 5]), f, c), "not among the client's classes"),
+    (lambda ids, f, c: (np.array([0, 5]), f, c), "are not the client's classes"),
     (lambda ids, f, c: (ids, f, c * 2), "counts differ"),
     (lambda ids, f, c: (ids, f, -c), "positive"),
     (lambda ids, f, c: (ids, np.full_like(f, np.nan), c), "NaN"),
