@@ -6,24 +6,11 @@ The GFR side of the server rule (Eq. 5) is the shared per-class feature mean in
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-@contextmanager
-def one_torch_thread():
-    """Run tiny tensor work on one thread: on (10 x d) matrices, thread hand-offs and spin-waits cost
-    more than the arithmetic (head training took 30-60x the CPU with 2 threads on a busy 2-core
-    machine). Restores the previous setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+from fedcore.models import one_torch_thread
 
 
 class GlobalHead:

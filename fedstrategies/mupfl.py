@@ -24,7 +24,7 @@ import torch
 
 from fedcore import wire
 from fedcore.config import ConfigError, Key
-from fedcore.models import HEAD_PREFIX, bavd_map_shapes, seeded_model
+from fedcore.models import HEAD_PREFIX, bavd_map_shapes, one_torch_thread, seeded_model
 from fedstrategies import mupfl_math as mm
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
@@ -234,8 +234,9 @@ class MuPFLStrategy(PersonalizedStrategy):
             return {"match-loss": 0.0}
         features = torch.from_numpy(self.features.copy())
         weight, bias = (torch.from_numpy(v_ref[k]) for k in (HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"))
-        _, after = mm.match_features(features, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
-                                     weight, bias, self.hp["match-steps"], self.hp["match-lr"])
+        with one_torch_thread():  # (K*m x d) matrices: threads cost more than they give (fedcore.models)
+            _, after = mm.match_features(features, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
+                                         weight, bias, self.hp["match-steps"], self.hp["match-lr"])
         self.features = features.numpy()
         self.has_features = True
         self._packed_features = None

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_score
+from threadpoolctl import threadpool_limits
 
 # ============================================================================ BAVD (client)
 
@@ -142,7 +143,8 @@ class Clustering:
 
 def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
     """scikit-learn k-means (k-means++ init, ``n_init`` restarts, fixed seed)."""
-    with warnings.catch_warnings():  # fewer distinct points than k: sklearn warns and merges them
+    # at most a few hundred points: one thread (OpenMP workers spin-wait on a busy machine)
+    with warnings.catch_warnings(), threadpool_limits(1):  # fewer distinct points than k: sklearn warns
         warnings.simplefilter("ignore")
         return KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed).fit_predict(points)
 
