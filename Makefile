@@ -24,7 +24,7 @@ CERTS_DIR ?= certs
 SUPERLINK_NAMES ?= localhost,127.0.0.1
 
 .PHONY: install run test bench bench-server deploy-local clean certs deploy-netns docker-setup docker-base \
-	docker-run test-deploy bench-deploy bench-sim readme
+	docker-run test-deploy bench-deploy bench-sim readme test-long
 
 install: $(STAMP)
 
@@ -92,3 +92,7 @@ bench-sim: $(STAMP)
 # refresh every README table from the table.md its benchmark wrote (<!-- table: path --> blocks)
 readme: $(STAMP)
 	$(BIN)/python -m benchmarks.readme_tables
+
+# the tests left out of `make test` (minutes each: flwr run resume, docker compose, namespaces, churn)
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q -m long tests

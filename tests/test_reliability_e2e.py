@@ -44,6 +44,7 @@ def test_faulty_clients_under_flwr_run_are_dropped_and_the_run_completes(tmp_pat
     assert json.loads((folder / "summary.json").read_text())["final_acc"] is not None
 
 
+@pytest.mark.long  # 2-3 minutes of flwr runs; the in-process resume test covers every method in the default run
 def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(tmp_path):
     """SIGKILL of the simulation process in round 3 of 4, then `resume=true`: the same rounds.csv as a
     run that was never interrupted (ditto keeps client state, restored from the clients' disks)."""
