@@ -96,3 +96,15 @@ def test_table_only_tables_the_finished_runs_and_names_the_missing(tmp_path):
     table = (out / "table.md").read_text()
     assert "| local | " in table and "| fedavg (1 seed) | " in table
     assert "Not run (1): fedavg seed 1" in table
+
+
+def test_readme_tables_are_copied_from_their_files_and_checked(tmp_path):
+    from benchmarks.readme_tables import rebuild
+
+    (tmp_path / "t.md").write_text("| a |\n|---|\n| 1 |\n")
+    text = "intro\n<!-- table: t.md -->\nold\n<!-- /table -->\nend\n"
+    new, changed = rebuild(text, tmp_path)
+    assert new == "intro\n<!-- table: t.md -->\n| a |\n|---|\n| 1 |\n<!-- /table -->\nend\n" and changed == ["t.md"]
+    assert rebuild(new, tmp_path)[1] == []  # up to date
+    with pytest.raises(SystemExit, match="missing.md"):
+        rebuild("<!-- table: missing.md -->\n<!-- /table -->\n", tmp_path)
