@@ -88,6 +88,12 @@ def run_sequential(config: dict, clients: int, workdir: Path) -> dict:
     return figures
 
 
+def _against(sequential: dict, engine: str, figures: dict) -> dict:
+    """A flwr row with its ratios to the sequential run of the same method."""
+    return {"method": sequential["method"], "engine": engine, **figures,
+            "round_ratio": figures["round_s"] / sequential["round_s"], "run_ratio": figures["run_s"] / sequential["run_s"]}
+
+
 def table(rows: list[dict], setting: str, gpu_note: str) -> str:
     def num(v, fmt="{:.2f}"):
         return "-" if v is None else fmt.format(v)
@@ -118,18 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods.split(","):
             cfg = {**config, "method": method}
             seq = {"method": method, "engine": "sequential, 1 thread", **run_sequential(cfg, args.clients, Path(tmp))}
-            sim = {"method": method, "engine": f"flwr run, {os.cpu_count()} cores", **run_flwr(cfg, args.clients, Path(tmp))}
-            sim["round_ratio"] = sim["round_s"] / seq["round_s"]
-            sim["run_ratio"] = sim["run_s"] / seq["run_s"]
-            rows += [seq, sim]
+            runs = [seq, _against(seq, f"flwr run, {os.cpu_count()} cores", run_flwr(cfg, args.clients, Path(tmp)))]
             if gpus > 0:
-                gpu = {"method": method, "engine": f"flwr run, GPU share {gpus:.2f}",
-                       **run_flwr(cfg, args.clients, Path(tmp), gpus)}
-                gpu["round_ratio"], gpu["run_ratio"] = gpu["round_s"] / seq["round_s"], gpu["run_s"] / seq["run_s"]
-                rows.append(gpu)
-            for r in rows[-2 - (gpus > 0):]:
+                runs.append(_against(seq, f"flwr run, GPU share {gpus:.2f}", run_flwr(cfg, args.clients, Path(tmp), gpus)))
+            for r in runs:
                 print(f"{method:>9} {r['engine']:>24}: round {r['round_s']:.3f} s, run {r['run_s']:.1f} s, "
                       f"start-up {r['startup_s']}, round 1 {r['first_round_s']:.2f} s", flush=True)
+            rows += runs
     import torch
 
     gpu_note = (f"GPU: {torch.cuda.get_device_name(0)}, each client's share {gpus:.2f}." if gpus > 0

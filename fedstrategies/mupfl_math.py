@@ -143,8 +143,7 @@ class Clustering:
 
 def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
     """scikit-learn k-means (k-means++ init, ``n_init`` restarts, fixed seed)."""
-    # at most a few hundred points: one thread (OpenMP workers spin-wait on a busy machine)
-    with warnings.catch_warnings(), threadpool_limits(1):  # fewer distinct points than k: sklearn warns
+    with warnings.catch_warnings():  # fewer distinct points than k: sklearn warns and merges them
         warnings.simplefilter("ignore")
         return KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed).fit_predict(points)
 
@@ -177,13 +176,16 @@ def choose_clusters(similarity: np.ndarray, low: int = 2, high: int = 6, seed: i
     distance = dissimilarity(similarity)
     best: Clustering | None = None
     scores: dict[int, float] = {}
-    for k in counts:
-        labels = kmeans_labels(points, k, seed).astype(np.int64)
-        score = silhouette(distance, labels)
-        if score is not None:
-            scores[k] = score
-        if fixed > 0 or (score is not None and (best is None or score > best.silhouette)):
-            best = Clustering(labels, k, 0.0 if score is None else score)
+    # at most a few hundred points: one thread (OpenMP workers spin-wait on a busy machine); the
+    # limit is set once for the round, not per k-means call
+    with threadpool_limits(1):
+        for k in counts:
+            labels = kmeans_labels(points, k, seed).astype(np.int64)
+            score = silhouette(distance, labels)
+            if score is not None:
+                scores[k] = score
+            if fixed > 0 or (score is not None and (best is None or score > best.silhouette)):
+                best = Clustering(labels, k, 0.0 if score is None else score)
     if best is None:
         return one
     best.scores = scores

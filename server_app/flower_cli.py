@@ -77,12 +77,9 @@ def descendants(pid: int) -> list[int]:
     except OSError:
         return []
     for entry in entries:
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command name may hold spaces and parens
-        children.setdefault(ppid, []).append(int(entry))
+        fields = _stat_fields(int(entry))
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -117,12 +114,19 @@ def stop(proc: subprocess.Popen, grace: float = 15) -> None:
     _signal_all([p for p in tree if _alive(p)], signal.SIGKILL)
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name (state, ppid, ...); empty if the process is gone.
+    The name may hold spaces and parentheses, so the fields start after the last ')'."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def _alive(pid: int) -> bool:
     """True for a running process (a zombie waiting for its parent counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def exit_on_sigterm() -> None:
