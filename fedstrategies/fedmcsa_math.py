@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.special import softmax
 
 EPS = 1e-12  # norm clamp: a zero component has cosine 0 with every other one, itself included
 
@@ -49,6 +48,8 @@ def attention(x: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
     rounding. scipy's softmax subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot
     overflow.
     """
+    from scipy.special import softmax  # imported on use: every ClientApp imports this module
+
     x = np.asarray(x)
     gram = (x @ x.T).astype(np.float64)
     norms = np.maximum(np.sqrt(np.maximum(np.diag(gram), 0.0)), eps)

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.cluster import KMeans
-from sklearn.metrics import silhouette_score
 from threadpoolctl import threadpool_limits
 
 # ============================================================================ BAVD (client)
@@ -143,6 +141,8 @@ class Clustering:
 
 def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
     """scikit-learn k-means (k-means++ init, ``n_init`` restarts, fixed seed)."""
+    from sklearn.cluster import KMeans  # here, not at the top: sklearn costs ~1.5 s to import
+
     with warnings.catch_warnings():  # fewer distinct points than k: sklearn warns and merges them
         warnings.simplefilter("ignore")
         return KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed).fit_predict(points)
@@ -151,6 +151,8 @@ def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np
 def silhouette(distance: np.ndarray, labels: np.ndarray) -> float | None:
     """Mean silhouette (Eqs. 9-12) on a precomputed distance (scikit-learn: S(i) = 0 for singletons);
     None when it is undefined (fewer than 2 or more than m - 1 distinct clusters)."""
+    from sklearn.metrics import silhouette_score  # imported on use (see kmeans_labels)
+
     k = len(np.unique(labels))
     if not 2 <= k <= len(labels) - 1:
         return None
