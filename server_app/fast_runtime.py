@@ -9,14 +9,20 @@ Where a deployed round's time goes in Flower 1.41 (measured, see README "Deploym
   start and the torch + flwr imports (2-4 s here) before the message is even read; its task poll is
   Flower's own setting ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (default 1 s);
 * the ServerApp's ``Grid.send_and_receive`` pulls replies every 3 s (our ServerApp polls itself
-  instead: ``server_app.nodes.send_and_receive``).
+  instead: ``server_app.nodes.send_and_receive``);
+* whoever pulls a message's objects (SuperNode from the SuperLink, ClientApp from its SuperNode,
+  ServerApp from the SuperLink) and asks before they are all there waits Flower's first back-off,
+  1 s (``fast_object_pulls``);
+* every ClientApp unzips and hash-checks the run's FAB again before it finds it installed, and
+  builds its first optimizer, which imports ``torch._dynamo`` (1.4 to 2.2 s).
 
 ``python -m server_app.fast_runtime supernode <flower-supernode args>`` is ``flower-supernode`` with
 those sleeps capped at ``PFL_SUPERNODE_POLL_S`` (default 0.2 s). ``python -m server_app.fast_runtime
 superexec <flower-superexec args>`` is ``flower-superexec`` that imports torch and Flower's ClientApp
 runtime once and forks each ClientApp from itself: the same ``run_clientapp`` Flower runs, with the
-same token and Runtime API, only without a cold interpreter. The app itself is still imported fresh
-in every fork from the FAB of its run, so a new FAB is never served by old code. Everything else
+same token and Runtime API, only without a cold interpreter, with object pulls retried after 10 ms
+and an installed FAB not unpacked again. The app itself is still imported fresh in every fork from
+the FAB of its run, so a new FAB is never served by old code. Everything else
 (TLS, authentication, node config) is Flower's own; both accept exactly Flower's flags.
 """
 
@@ -32,11 +38,51 @@ import traceback
 POLL_ENV = "PFL_SUPERNODE_POLL_S"
 PRELOAD_ENV = "PFL_SUPEREXEC_PRELOAD"
 DEFAULT_POLL_S = 0.2
-# heavy libraries every ClientApp of this project imports: loaded once in the SuperExec, shared by forks
-DEFAULT_PRELOAD = "numpy,torch,torch.nn,flwr.app,flwr.clientapp"
+# heavy libraries every ClientApp of this project imports: loaded once in the SuperExec, shared by forks.
+# torch._dynamo is imported by the first optimizer a process builds (torch.optim wraps Optimizer.__init__
+# with it): 1.4 to 2.2 s that every forked training task paid before it was preloaded here.
+DEFAULT_PRELOAD = "numpy,torch,torch.nn,torch.optim,torch._dynamo,flwr.app,flwr.clientapp"
 # Flower's own setting for the SuperExec's task poll; set to this unless the caller chose a value
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL_S = "0.1"
+
+
+def fast_object_pulls(cap: float) -> None:
+    """Retry unavailable message objects after 10 ms, doubling up to ``cap``, instead of Flower's 1 s
+    doubling up to 10 s.
+
+    A SuperNode or a ClientApp that asks for a message's objects before the other side has them all
+    (the usual case: the SuperNode is still fetching them from the SuperLink when its ClientApp
+    starts) waits the whole first back-off, 0.8 to 1.2 s, for objects that arrive a few ms later.
+    Flower's pull functions take these as keyword defaults with no setting, so their defaults are
+    changed in this process. The total wait is still bounded by Flower's own ``max_time`` (2 h).
+    """
+    from flwr.supercore.inflatable import inflatable_utils
+
+    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
+        fn.__kwdefaults__.update(initial_backoff=0.01, backoff_cap=cap, max_tries_per_object=None)
+
+
+def install_fab_once(install):
+    """Flower's ``install_from_fab``, skipped when this FAB (by its hash) is installed already.
+
+    Flower unzips the FAB into a temporary folder and checks every file's hash on every message,
+    0.2 to 0.4 s here, and only then finds the app installed and returns its folder. That folder is
+    named by the FAB's hash, so an existing one holds these very bytes.
+    """
+    import hashlib
+
+    from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
+    from flwr.supercore.utils import get_flwr_home
+
+    def install_once(fab_content: bytes, skip_prompt: bool = False, **kwargs):
+        digest = hashlib.sha256(fab_content).hexdigest()[:FAB_HASH_TRUNCATION]
+        installed = sorted((get_flwr_home() / APP_DIR).glob(f"*.{digest}"))
+        if installed and skip_prompt and not kwargs:
+            return installed[0]
+        return install(fab_content, skip_prompt=skip_prompt, **kwargs)
+
+    return install_once
 
 
 class _CappedSleep:
@@ -57,7 +103,9 @@ def supernode(argv: list[str]) -> None:
     from flwr.supernode import start_client_internal
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
-    start_client_internal.time = _CappedSleep(float(os.environ.get(POLL_ENV, DEFAULT_POLL_S)))
+    cap = float(os.environ.get(POLL_ENV, DEFAULT_POLL_S))
+    start_client_internal.time = _CappedSleep(cap)
+    fast_object_pulls(cap)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
@@ -110,7 +158,10 @@ def _run_clientapp_child(spec) -> None:
     try:
         from flwr.supercore.exit import exit_handler
         from flwr.supercore.tls import validate_and_resolve_root_certificates
+        from flwr.supernode.runtime import run_clientapp as flower_clientapp
         from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+        flower_clientapp.install_from_fab = install_fab_once(flower_clientapp.install_from_fab)
 
         exit_handler.registered_exit_handlers.clear()  # the SuperExec's, not this task's
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
@@ -145,6 +196,7 @@ def superexec(argv: list[str]) -> None:
     for name in filter(None, os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(",")):
         importlib.import_module(name.strip())
     os.environ.setdefault(TASK_POLL_ENV, FAST_TASK_POLL_S)
+    fast_object_pulls(float(os.environ.get(POLL_ENV, DEFAULT_POLL_S)))  # inherited by every forked ClientApp
     from flwr.supercore.cli.flower_superexec import flower_superexec
     from flwr.supercore.superexec import run_superexec
 

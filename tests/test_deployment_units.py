@@ -1,5 +1,5 @@
 """Pieces of the deployment that need no running Flower: certificates and keys, the partition
-cache, and the fast runtime's capped sleeps."""
+cache, and the fast runtime's capped sleeps, object-pull back-off and FAB install."""
 
 from __future__ import annotations
 
@@ -74,3 +74,56 @@ def test_the_fast_supernode_caps_flowers_fixed_sleeps():
     capped.sleep(3)
     assert time.monotonic() - start < 1
     assert capped.monotonic() > 0  # every other attribute is the time module's
+
+
+def test_fast_object_pulls_retry_a_missing_object_after_10_ms_not_flowers_1_s(monkeypatch):
+    import threading
+
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    waits = []
+
+    class RecordingEvent(threading.Event):  # the back-off sleeps are Event.wait(timeout) calls
+        def wait(self, timeout=None):
+            if timeout is None:
+                return super().wait()
+            waits.append(timeout)
+            return self.is_set()
+
+    def pull_after_three_misses(object_id, misses=[]):  # noqa: B006 - the call counter
+        if len(misses) < 3:
+            misses.append(object_id)
+            raise ObjectUnavailableError(object_id)
+        return b"content"
+
+    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
+        monkeypatch.setattr(fn, "__kwdefaults__", dict(fn.__kwdefaults__))  # restored after the test
+    monkeypatch.setattr(inflatable_utils.threading, "Event", RecordingEvent)
+    fast_runtime.fast_object_pulls(0.015)
+    assert inflatable_utils.pull_objects(["a"], pull_after_three_misses) == {"a": b"content"}
+    assert len(waits) == 3
+    assert 0.008 <= waits[0] <= 0.012  # 10 ms +- Flower's 20% jitter
+    assert 0.016 <= waits[1] <= 0.024
+    assert waits[2] <= 0.015 * 1.2  # capped
+    assert inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__["initial_backoff"] == 0.01
+
+
+def test_a_fab_already_installed_is_not_unpacked_again(tmp_path, monkeypatch):
+    import hashlib
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    installs = []
+
+    def flower_install(content, skip_prompt=False):
+        installs.append(content)
+        folder = tmp_path / "apps" / f"pub.app.1.0.{hashlib.sha256(content).hexdigest()[:8]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    install = fast_runtime.install_fab_once(flower_install)
+    first = install(b"fab one", skip_prompt=True)
+    assert install(b"fab one", skip_prompt=True) == first
+    assert installs == [b"fab one"]
+    assert install(b"fab two", skip_prompt=True) != first  # other bytes: installed by Flower
+    assert installs == [b"fab one", b"fab two"]
