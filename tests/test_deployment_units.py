@@ -100,12 +100,12 @@ def test_fast_object_pulls_retry_a_missing_object_after_10_ms_not_flowers_1_s(mo
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
         monkeypatch.setattr(fn, "__kwdefaults__", dict(fn.__kwdefaults__))  # restored after the test
     monkeypatch.setattr(inflatable_utils.threading, "Event", RecordingEvent)
-    fast_runtime.fast_object_pulls(0.015)
+    fast_runtime.fast_object_pulls(0.03)
     assert inflatable_utils.pull_objects(["a"], pull_after_three_misses) == {"a": b"content"}
     assert len(waits) == 3
     assert 0.008 <= waits[0] <= 0.012  # 10 ms +- Flower's 20% jitter
     assert 0.016 <= waits[1] <= 0.024
-    assert waits[2] <= 0.015 * 1.2  # capped
+    assert 0.024 <= waits[2] <= 0.036  # 40 ms, capped at 30 ms
     assert inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__["initial_backoff"] == 0.01
 
 
