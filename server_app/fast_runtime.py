@@ -158,10 +158,7 @@ def _run_clientapp_child(spec) -> None:
     try:
         from flwr.supercore.exit import exit_handler
         from flwr.supercore.tls import validate_and_resolve_root_certificates
-        from flwr.supernode.runtime import run_clientapp as flower_clientapp
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
-
-        flower_clientapp.install_from_fab = install_fab_once(flower_clientapp.install_from_fab)
+        from flwr.supernode.runtime.run_clientapp import run_clientapp  # imported (and patched) by the SuperExec
 
         exit_handler.registered_exit_handlers.clear()  # the SuperExec's, not this task's
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
@@ -196,10 +193,13 @@ def superexec(argv: list[str]) -> None:
     for name in filter(None, os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(",")):
         importlib.import_module(name.strip())
     os.environ.setdefault(TASK_POLL_ENV, FAST_TASK_POLL_S)
-    fast_object_pulls(float(os.environ.get(POLL_ENV, DEFAULT_POLL_S)))  # inherited by every forked ClientApp
     from flwr.supercore.cli.flower_superexec import flower_superexec
     from flwr.supercore.superexec import run_superexec
+    from flwr.supernode.runtime import run_clientapp as flower_clientapp
 
+    # set once here, inherited by every forked ClientApp
+    fast_object_pulls(float(os.environ.get(POLL_ENV, DEFAULT_POLL_S)))
+    flower_clientapp.install_from_fab = install_fab_once(flower_clientapp.install_from_fab)
     flower_get_executor = run_superexec.get_executor
     run_superexec.get_executor = lambda *args, **kwargs: ForkExecutor(flower_get_executor(*args, **kwargs))
     sys.argv = ["flower-superexec", *argv]

@@ -38,18 +38,15 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
     """Push ``messages`` and pull their replies until all are in or ``timeout`` s have passed.
 
     On Flower's deployed grid (``HttpGrid``, whose own loop sleeps 3 s) the waits between pulls grow
-    from 10 ms to 200 ms: quick replies are seen at once, long training costs few requests; so do the
-    retries of a reply's objects that are not on the SuperLink yet (Flower: 1 s, then 2 s...). Any other
+    from 10 ms to 200 ms: quick replies are seen at once, long training costs few requests (the
+    ServerApp's ``main`` shortens the retries of a reply's objects likewise, once per run). Any other
     grid (simulation, in-process) keeps its own ``send_and_receive``.
     """
     from flwr.superlink.grid.http_grid import HttpGrid
 
-    from server_app.fast_runtime import fast_object_pulls
-
     messages = list(messages)
     if not isinstance(grid, HttpGrid):
         return list(grid.send_and_receive(messages, timeout=timeout))
-    fast_object_pulls(PULL_INTERVALS_S[1])  # a reply's objects, too, are retried after 10 ms, not 1 s
     waiting = set(grid.push_messages(messages))
     deadline = time.monotonic() + timeout
     replies: list[Message] = []
