@@ -79,7 +79,12 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
                 fc.flwr_streamed(*args, "--stream", env=link.env, cwd=app_dir, timeout=timeout)
                 runs = link.runs()
             else:  # flwr returns after submitting: wait for the run to finish
-                link.flwr(*args, timeout=timeout)
+                submitted = fc.flwr(*args, env=link.env, cwd=app_dir, capture=True, timeout=timeout)
+                if submitted.returncode != 0 or not link.runs():  # nothing to wait for
+                    return {"status": "not-submitted", "run_id": None, "summary": None, "min_replies": cfg["min-replies"],
+                            "results_dir": str(Path(config["results-dir"]) / config["run-name"]),
+                            "details": f"flwr run exited {submitted.returncode} without starting a run: "
+                                       + (submitted.stdout + submitted.stderr).strip()[-2000:]}
                 runs = _wait_finished(link, timeout)
     finally:
         if flwr_home is None:

@@ -62,3 +62,14 @@ def test_a_failing_server_app_is_reported_as_failed(tmp_path):
                       supernodes=2, app_dir=ROOT, stream=False, timeout=600, flwr_home=tmp_path / "flwr-home")
     assert result["status"] == "finished:failed", result
     assert result["summary"] is None
+
+
+def test_a_run_flower_refuses_to_start_is_reported_at_once_not_waited_for(tmp_path):
+    """`flwr run` that submits nothing (here Flower refuses a fractional CPU share) must come back with
+    Flower's reason, not leave the launcher polling for a run that does not exist until the timeout."""
+    result = simulate({"method": "fedavg", "dataset": "digits", "num-server-rounds": 1, "results-dir": str(tmp_path),
+                       "run-name": "refused"}, supernodes=2, app_dir=ROOT, stream=False, timeout=600,
+                      cpus_per_client=0.5, flwr_home=tmp_path / "home")
+    assert result["status"] == "not-submitted"
+    assert result["run_id"] is None and result["summary"] is None
+    assert "float" in result["details"]
