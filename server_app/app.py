@@ -37,13 +37,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from flwr.superlink.grid.http_grid import HttpGrid
+    from server_app.nodes import tune_grid
 
-    from server_app.fast_runtime import fast_object_pulls
-    from server_app.nodes import PULL_INTERVALS_S
-
-    if isinstance(grid, HttpGrid):  # a reply's objects not on the SuperLink yet: retried after 10 ms, not 1 s
-        fast_object_pulls(PULL_INTERVALS_S[1])
+    tune_grid(grid)
     run_experiment(grid, Config.from_run_config(context.run_config))
 
 

@@ -32,6 +32,26 @@ from fedcore import wire
 from fedstrategies.base import ClientInfo
 
 PULL_INTERVALS_S = (0.01, 0.2)  # first and longest wait between pulls (each wait 1.5x the last)
+IN_MEMORY_PULL_INTERVAL_S = 0.01  # simulation: a pull is a dict lookup, Flower's default waits 0.1 s
+
+
+def tune_grid(grid: Grid) -> None:
+    """Shorten Flower's waits for replies, once per run, before the first exchange.
+
+    Simulation (``InMemoryGrid``): its ``send_and_receive`` sleeps ``pull_interval`` (0.1 s) between
+    pulls, so each phase ended up to 0.1 s after its last reply, twice per round; 10 ms instead.
+    Deployed (``HttpGrid``): a reply's objects that are not on the SuperLink yet are retried after
+    10 ms, not Flower's fixed 1 s (``fast_runtime.fast_object_pulls``).
+    """
+    from flwr.superlink.grid import InMemoryGrid
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    if isinstance(grid, InMemoryGrid):
+        grid.pull_interval = IN_MEMORY_PULL_INTERVAL_S
+    elif isinstance(grid, HttpGrid):
+        from server_app.fast_runtime import fast_object_pulls
+
+        fast_object_pulls(PULL_INTERVALS_S[1])
 
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:

@@ -127,3 +127,28 @@ def test_a_fab_already_installed_is_not_unpacked_again(tmp_path, monkeypatch):
     assert installs == [b"fab one"]
     assert install(b"fab two", skip_prompt=True) != first  # other bytes: installed by Flower
     assert installs == [b"fab one", b"fab two"]
+
+
+def test_simulation_grid_waits_10_ms_between_reply_pulls_not_flowers_100_ms(monkeypatch):
+    """Flower's in-memory grid (simulation) sleeps ``pull_interval`` between pulls; after
+    ``tune_grid`` its own ``send_and_receive`` loop waits 10 ms, so a phase ends soon after its last reply."""
+    from types import SimpleNamespace
+
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid, inmemory_grid
+    from flwr.supercore.object_store import ObjectStoreFactory
+
+    from server_app.nodes import IN_MEMORY_PULL_INTERVAL_S, tune_grid
+
+    grid = InMemoryGrid(LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()))
+    assert grid.pull_interval == 0.1  # Flower's default, which the test would otherwise record
+    tune_grid(grid)
+    sleeps, pulls = [], []
+    reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))
+    monkeypatch.setattr(grid, "push_messages", lambda messages: ["m1"])
+    monkeypatch.setattr(grid, "pull_messages", lambda ids: [reply] if pulls.append(ids) or len(pulls) == 3 else [])
+    monkeypatch.setattr(inmemory_grid.time, "sleep", sleeps.append)
+    assert list(grid.send_and_receive([object()], timeout=60)) == [reply]
+    assert sleeps == [IN_MEMORY_PULL_INTERVAL_S] * 2 == [0.01, 0.01]
