@@ -61,23 +61,59 @@ STATE_SAVED = "state-saved"  # 1 if the client wrote state while handling this m
 METHOD_METRIC_PREFIX = "m."  # method-specific metrics, e.g. "m.relation-acc"
 
 
-def pack_arrays(arrays: Mapping[str, object]) -> ArrayRecord:
-    """Numpy arrays or torch tensors by name -> ArrayRecord (torch tensors are detached to CPU)."""
+RAW_STYPE = "raw-le"  # little-endian C-order bytes; dtype and shape are the Array's own fields
+
+
+def pack_arrays(arrays: Mapping[str, object], compact: bool = False) -> ArrayRecord:
+    """Numpy arrays or torch tensors by name -> ArrayRecord (torch tensors are detached to CPU).
+
+    By default each array is Flower's ``.npy`` serialisation, which Flower's own ``ArrayRecord``
+    methods read. ``compact`` stores the raw bytes instead (``RAW_STYPE``): the Array message already
+    carries dtype and shape, so the 128-byte ``.npy`` header is redundant, and for the small payloads of
+    the feature-exchanging methods (class features, FedFCD's head) it is a tenth of what they send.
+    Only ``array_view``/``unpack_arrays`` read compact arrays, so client state and model weights stay ``.npy``.
+    """
     out = {}
     for key, value in arrays.items():
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
-        out[key] = Array(np.ascontiguousarray(value))
+        if compact:
+            value = np.asarray(value, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
+            if value.dtype.kind not in "biufc":
+                raise ValueError(f"{key}: only numeric arrays can be sent compact, not {value.dtype}")
+            value = value.astype(value.dtype.newbyteorder("<"), copy=False)
+            out[key] = Array(dtype=value.dtype.str, shape=tuple(value.shape), stype=RAW_STYPE, data=value.tobytes())
+        else:
+            out[key] = Array(np.ascontiguousarray(value))
     return ArrayRecord(out)
+
+
+def _raw_view(array: Array) -> np.ndarray:
+    try:
+        dtype = np.dtype(array.dtype)
+    except TypeError:
+        raise ValueError(f"unknown dtype {array.dtype!r}") from None
+    if dtype.kind not in "biufc":
+        raise ValueError(f"dtype {dtype} is not numeric")
+    shape = tuple(int(s) for s in array.shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    count = math.prod(shape)
+    if len(array.data) != count * dtype.itemsize:
+        raise ValueError(f"array data holds {len(array.data)} bytes, its shape {shape} and dtype need "
+                         f"{count * dtype.itemsize}")
+    return np.frombuffer(array.data, dtype=dtype, count=count).reshape(shape)
 
 
 def array_view(array: Array) -> np.ndarray:
     """A read-only numpy view of an Array's bytes, without the copy that ``Array.numpy()`` makes.
 
-    Flower stores arrays as ``.npy`` bytes; the header gives dtype, shape and order, the rest is the
-    data itself, so a view costs nothing whatever the array's size (about 0.4 ms saved per array,
+    Flower stores arrays as ``.npy`` bytes (compact ones, ``RAW_STYPE``, as the bare data); the header
+    gives dtype, shape and order, the rest is the data itself, so a view costs nothing whatever the array's size (about 0.4 ms saved per array,
     seconds per round at 1,000 clients). Pickled object arrays are refused, as in ``Array.numpy``.
     """
+    if array.stype == RAW_STYPE:
+        return _raw_view(array)
     if array.stype != "numpy.ndarray":
         return array.numpy()  # raises Flower's own error for unknown serialisations
     data = array.data
@@ -127,13 +163,14 @@ def unpack_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def pack_class_features(class_ids: np.ndarray, features: np.ndarray, counts: np.ndarray) -> ArrayRecord:
-    """Class-mean features (one row per class present) as one record."""
+    """Class-mean features (one row per class present) as one record (compact arrays)."""
     return pack_arrays(
         {
             "class-ids": np.asarray(class_ids, dtype=np.int64),
             "features": np.asarray(features, dtype=np.float32),
             "counts": np.asarray(counts, dtype=np.int64),
-        }
+        },
+        compact=True,
     )
 
 
@@ -154,6 +191,15 @@ def _value_bytes(value) -> int:
     return 9  # a number or bool: tag + up to 8 bytes
 
 
+def _varint_len(n: int) -> int:
+    return max(1, (int(n).bit_length() + 6) // 7)
+
+
+def _field_len(n: int) -> int:
+    """A length-delimited protobuf field of ``n`` bytes: tag, length, payload."""
+    return 1 + _varint_len(n) + n
+
+
 def record_bytes(record) -> int:
     """Bytes one record takes on the wire, from its arrays' sizes (no serialisation).
 
@@ -165,7 +211,10 @@ def record_bytes(record) -> int:
         total = 0
         for key in record.keys():
             a = record[key]
-            total += len(a.data) + len(key) + len(a.dtype) + len(a.stype) + 3 * len(a.shape) + 16
+            dims = sum(_varint_len(d) for d in a.shape)
+            array = (_field_len(len(a.dtype)) + (_field_len(dims) if dims else 0) + _field_len(len(a.stype))
+                     + _field_len(len(a.data)))
+            total += _field_len(_field_len(len(key)) + _field_len(array))
         return total
     if isinstance(record, (ConfigRecord, MetricRecord)):
         return sum(len(k) + _value_bytes(v) + 4 for k, v in record.items())

@@ -79,7 +79,7 @@ class PFedPMStrategy(PersonalizedStrategy):
         if self.features is None:  # round 1: nothing to send, the flag says so
             return {}
         if self._packed is None:  # one record shared by every client: packed and counted once
-            self._packed = wire.pack_arrays({"class-ids": self.class_ids, "features": self.features})
+            self._packed = wire.pack_arrays({"class-ids": self.class_ids, "features": self.features}, compact=True)
         return {GLOBAL_FEATURES: self._packed}
 
     def train_config(self, pid, server_round):

@@ -345,6 +345,42 @@ def test_array_views_equal_flowers_copies_and_refuse_bad_data():
         wire.array_view(Array(dtype="float32", shape=(4,), stype="numpy.ndarray", data=b"garbage" * 30))
 
 
+
+def test_compact_arrays_survive_flowers_serialiser_unchanged_and_drop_the_npy_header():
+    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+
+    arrays = {"f": np.arange(12, dtype=np.float32).reshape(3, 4), "fortran": np.asfortranarray(np.ones((3, 2))),
+              "scalar": np.array(5, dtype=np.int64), "empty": np.zeros((0, 7), np.float32),
+              "bool": np.array([True, False]), "big-endian": np.arange(3, dtype=">i4"),
+              "tensor": torch.arange(6, dtype=torch.float64).reshape(2, 3)}
+    record = wire.pack_arrays(arrays, compact=True)
+    back = recorddict_from_proto(recorddict_to_proto(RecordDict({"r": record})))["r"]
+    for key, a in arrays.items():
+        a = a.numpy() if isinstance(a, torch.Tensor) else a
+        view = wire.unpack_arrays(back)[key]
+        assert back[key].stype == wire.RAW_STYPE
+        np.testing.assert_array_equal(view, a)
+        assert view.shape == a.shape and view.dtype == a.dtype.newbyteorder("<") and not view.flags.writeable
+    npy = wire.pack_arrays(arrays)
+    assert all(npy[k].stype == "numpy.ndarray" for k in arrays)  # the default stays Flower's .npy
+    saved = wire.record_bytes(npy) - wire.record_bytes(record)
+    assert saved >= 128 * len(arrays)  # at least the .npy header of every array
+    exact = wire.serialised_bytes(RecordDict({"r": record})) - wire.serialised_bytes(RecordDict({"r": ArrayRecord()}))
+    assert abs(wire.record_bytes(record) - exact) <= 2 * len(arrays)
+
+
+@pytest.mark.parametrize("dtype,shape,data,reason", [
+    ("<f4", (4,), b"\0" * 12, "holds 12 bytes"),
+    ("<f4", (2, 2), b"\0" * 20, "holds 20 bytes"),
+    ("|O", (1,), b"\0" * 8, "not numeric"),
+    ("<U3", (1,), b"\0" * 12, "not numeric"),
+    ("nonsense", (1,), b"\0" * 4, "unknown dtype"),
+])
+def test_compact_arrays_with_bad_dtype_or_length_are_refused(dtype, shape, data, reason):
+    with pytest.raises(ValueError, match=reason):
+        wire.array_view(Array(dtype=dtype, shape=shape, stype=wire.RAW_STYPE, data=data))
+
+
 # ------------------------------------------------------------------ 11. config hygiene
 @pytest.mark.parametrize("key,value,selected", [
     ("fedprox.mu", 0.5, "method is 'fedavg'"),

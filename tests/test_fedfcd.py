@@ -349,7 +349,7 @@ def test_8_12_round_0_init_upload_head_epoch_all_gfrs_payload_size_and_bytes(fed
     one epoch on those pairs and a GFR for every class present; 2Cd + C floats go down; round 0 is
     counted in bytes but not in rounds."""
     hook, log = _spy()
-    summary, _ = federation(faults=hook, **{"num-server-rounds": 2})
+    summary, _ = federation(faults=hook, **{"num-server-rounds": 2, "fedfcd.gfr-download": "all"})  # the spec's
     prep = [(m, r) for m, r in log if m.metadata.message_type == wire.PREPARE]
     train = [m for m, _ in log if m.metadata.message_type == "train"]
     assert len(prep) == 3 and not any(m.content.array_records for m, _ in prep)
@@ -626,7 +626,7 @@ def test_checkpoint_restores_head_optimiser_generator_and_gfrs():
 
 # ====================================================================== bytes and the real runtime
 def test_own_gfr_rows_give_the_same_run_with_fewer_bytes_down(federation, tmp_path):
-    full, _ = federation(**{"run-name": "all"})
+    full, _ = federation(**{"run-name": "all", "fedfcd.gfr-download": "all"})
     own, _ = federation(**{"run-name": "own", "fedfcd.gfr-download": "own"})
     for key in ("final_acc", "best_acc", "client_acc_mean", "bytes_up"):
         assert full[key] == own[key], key
