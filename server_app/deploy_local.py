@@ -31,6 +31,7 @@ from pathlib import Path
 from server_app import certs
 from server_app import fast_runtime
 from server_app import flower_cli as fc
+from server_app.staged_app import stage_app
 
 CONNECTION = "deploy"
 
@@ -202,7 +203,8 @@ class LocalDeployment:
     # ------------------------------------------------------------------ runs
     def submit(self, config: dict) -> int:
         """``flwr run`` without waiting; returns the run id."""
-        out = fc.flwr("run", str(self.app_dir), CONNECTION, "--run-config", fc.toml_overrides(config), "--format",
+        app = stage_app(self.app_dir, self.workdir / "app")  # flwr run's FAB build skips .venv
+        out = fc.flwr("run", str(app), CONNECTION, "--run-config", fc.toml_overrides(config), "--format",
                       "json", env=self.cli_env, cwd=self.app_dir, capture=True, timeout=300)
         try:
             return int(json.loads(out.stdout)["run-id"])

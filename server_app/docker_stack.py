@@ -26,6 +26,7 @@ from pathlib import Path
 
 from server_app import certs
 from server_app import flower_cli as fc
+from server_app.staged_app import stage_app
 
 ROOT = Path(__file__).resolve().parents[1]
 FLWR_VERSION = "1.41.0"
@@ -153,7 +154,8 @@ class ComposeStack:
         """``flwr run`` (results-dir inside the ServerApp container = the mounted results folder)."""
         config = fc.resolve_config({**run_config, "results-dir": "/app/results"}, ROOT, self.results)
         config["results-dir"] = "/app/results"
-        fc.flwr("run", str(ROOT), "docker", "--run-config", fc.toml_overrides(config), "--stream",
+        app = stage_app(ROOT, self.results.parent / "app")  # flwr run's FAB build skips .venv
+        fc.flwr("run", str(app), "docker", "--run-config", fc.toml_overrides(config), "--stream",
                 env=self.cli_env, cwd=ROOT, timeout=timeout)
         runs = fc.list_runs("docker", env=self.cli_env, cwd=ROOT)
         return fc.run_result(runs, {**config, "results-dir": str(self.results)})

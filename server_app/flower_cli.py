@@ -165,6 +165,7 @@ NOISE = (
     "flwr federation simulation-config",
     "Ray will no longer override accelerator visible devices",
     "warnings.warn(",
+    "Manually terminating ClientAppActor",  # Ray forwards each actor's stop at the end of every run
 )
 LOCAL_CONFIG = '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
 
