@@ -115,3 +115,35 @@ def test_launcher_output_has_no_line_about_defaults_and_one_summary(tmp_path):
     assert "3 clients connected" in out
     assert all(f"[round {r}/2]" in out and "left ~" in out for r in (1, 2))
     assert out.count("| final acc (weighted) %") == 1  # the summary table, printed once
+
+
+def _fab_contents(fab: bytes) -> dict[str, bytes]:
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(fab)) as z:
+        return {n: z.read(n) for n in z.namelist() if not n.startswith(".info/")}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pathspec's, on the pattern style Flower uses
+def test_the_staged_app_builds_the_fab_flower_builds_from_the_checkout(tmp_path):
+    """flwr run builds its FAB from a staged copy (server_app.staged_app) to skip walking .venv: the
+    FAB's files must be exactly those Flower's own selection takes from the checkout, byte for byte,
+    with a directory that .gitignore excludes never entered."""
+    import shutil
+
+    from flwr.cli.build import build_fab_from_files
+    from flwr.cli.utils import collect_files
+
+    from server_app.staged_app import app_files, stage_app
+
+    app = tmp_path / "app"
+    shutil.copytree(ROOT, app, ignore=shutil.ignore_patterns(".venv", ".git", "results", "__pycache__", "docs"))
+    (app / "ignored-dir").mkdir()
+    (app / "ignored-dir" / "secret.py").write_text("x = 1\n")
+    (app / ".gitignore").write_text((app / ".gitignore").read_text() + "\nignored-dir/\n")
+    expected = _fab_contents(build_fab_from_files(collect_files(app))[0])
+    staged = stage_app(app, tmp_path / "staged")
+    assert _fab_contents(build_fab_from_files(collect_files(staged))[0]) == expected
+    assert "pyproject.toml" in expected and not any(k.startswith("ignored-dir") for k in expected)
+    assert not any(k.startswith("ignored-dir") for k in app_files(app))  # pruned, not walked and dropped
