@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from fedcore import wire
 from fedstrategies.base import ClientInfo
 
-PULL_INTERVALS_S = (0.01, 0.2)  # first and longest wait between pulls (each wait 1.5x the last)
+PULL_INTERVALS_S = (0.01, 0.05)  # first and longest wait between pulls (each wait 1.5x the last)
 IN_MEMORY_PULL_INTERVAL_S = 0.01  # simulation: a pull is a dict lookup, Flower's default waits 0.1 s
 
 

@@ -68,11 +68,13 @@ def test_partition_cache_serves_the_same_split_keyed_by_what_determines_it(tmp_p
     assert partition_cache.cache_path(("digits", "iid", 2, 0, "", (), ()), 0) is None
 
 
-def test_the_fast_supernode_caps_flowers_fixed_sleeps():
-    capped = fast_runtime._CappedSleep(0.01)
-    start = time.monotonic()
-    capped.sleep(3)
-    assert time.monotonic() - start < 1
+def test_the_fast_supernode_caps_flowers_fixed_sleeps(monkeypatch):
+    capped = fast_runtime._CappedSleep(0.2, local_cap=0.01)
+    slept = []
+    monkeypatch.setattr(fast_runtime.time, "sleep", slept.append)
+    capped.sleep(3)  # idle poll of the SuperLink
+    capped.sleep(0.5)  # waiting on the node's own state for its ClientApp's reply
+    assert slept == [0.2, 0.01]
     assert capped.monotonic() > 0  # every other attribute is the time module's
 
 
@@ -119,10 +121,12 @@ def test_a_fab_already_installed_is_not_unpacked_again(tmp_path, monkeypatch):
         installs.append(content)
         folder = tmp_path / "apps" / f"pub.app.1.0.{hashlib.sha256(content).hexdigest()[:8]}"
         folder.mkdir(parents=True, exist_ok=True)
+        (folder / "mod.py").write_text("x = 1\n")
         return folder
 
     install = fast_runtime.install_fab_once(flower_install)
     first = install(b"fab one", skip_prompt=True)
+    assert list((first / "__pycache__").glob("mod.*.pyc"))  # compiled once, when installed
     assert install(b"fab one", skip_prompt=True) == first
     assert installs == [b"fab one"]
     assert install(b"fab two", skip_prompt=True) != first  # other bytes: installed by Flower
