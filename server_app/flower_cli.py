@@ -88,6 +88,17 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def running_below(pid: int, name: str) -> bool:
+    """Whether a live process below ``pid`` has ``name`` in its command line (from /proc)."""
+    for child in descendants(pid):
+        try:
+            if name.encode() in Path(f"/proc/{child}/cmdline").read_bytes() and _alive(child):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         try:

@@ -147,3 +147,28 @@ def test_the_staged_app_builds_the_fab_flower_builds_from_the_checkout(tmp_path)
     assert _fab_contents(build_fab_from_files(collect_files(staged))[0]) == expected
     assert "pyproject.toml" in expected and not any(k.startswith("ignored-dir") for k in expected)
     assert not any(k.startswith("ignored-dir") for k in app_files(app))  # pruned, not walked and dropped
+
+
+def test_waiting_for_a_run_asks_flwr_ls_only_when_the_simulation_process_is_gone(monkeypatch):
+    """Each ``flwr ls`` is a new interpreter (about 1 s of CPU): while flwr-simulation runs it is
+    asked every LS_EVERY_S seconds at most, and again as soon as the process has gone."""
+    from server_app import launch
+
+    clock = [0.0]
+    monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(launch.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+
+    class Link:
+        asked = 0
+
+        def simulation_running(self):
+            return clock[0] < 100  # the run's process ends after 100 s
+
+        def runs(self):
+            self.asked += 1
+            return [{"run-id": 1, "status": "finished:completed" if clock[0] >= 100 else "running"}]
+
+    link = Link()
+    assert launch._wait_finished(link, timeout=1000)[0]["status"] == "finished:completed"
+    assert 100 <= clock[0] <= 101  # noticed within a poll of the process ending
+    assert link.asked <= 100 / launch.LS_EVERY_S + 2
