@@ -81,6 +81,7 @@ class LocalDeployment:
         self.secure, self.runtime, self.link_host = secure, runtime, link_host
         self.link_names = list(link_names)
         self.port = None
+        self.link_proc = None  # the SuperLink's process: the run's flwr-serverapp runs below it
         self.supernodes: list[SuperNode] = []
         self.certs: dict = {}
         self._stack = ExitStack()
@@ -126,7 +127,7 @@ class LocalDeployment:
                     "--ssl-keyfile", str(self.certs["key"]), "--enable-supernode-auth"]
         else:
             cmd.insert(1, "--insecure")
-        link = self._launch(cmd, self._home("superlink"), "superlink.log", host)
+        link = self.link_proc = self._launch(cmd, self._home("superlink"), "superlink.log", host)
         fc.wait_healthy(self.port, link, self.workdir / "superlink.log", host=host.address,
                         ca=self.certs.get("ca"))
         cli_home = self._home("cli")
@@ -212,14 +213,14 @@ class LocalDeployment:
             raise RuntimeError(f"flwr run failed: {out.stdout}{out.stderr}") from err
 
     def wait(self, run_id: int, timeout: float) -> list[dict]:
-        """Poll ``flwr ls`` until the run has finished (or ``timeout`` s); returns the runs."""
-        deadline = time.monotonic() + timeout
-        while True:
-            runs = fc.list_runs(CONNECTION, env=self.cli_env, cwd=self.app_dir)
-            mine = [r for r in runs if str(r.get("run-id")) == str(run_id)]
-            if mine and str(mine[0].get("status", "")).startswith("finished") or time.monotonic() >= deadline:
-                return mine or runs
-            time.sleep(2)  # each `flwr ls` is a Python process: poll gently
+        """Wait until the run has finished (or ``timeout`` s); returns it (``flower_cli.wait_for_run``:
+        ``flwr ls`` once the SuperLink's ``flwr-serverapp`` process has gone, and every 30 s)."""
+        def mine() -> list[dict]:
+            return [r for r in fc.list_runs(CONNECTION, env=self.cli_env, cwd=self.app_dir)
+                    if str(r.get("run-id")) == str(run_id)]
+
+        return fc.wait_for_run(mine, lambda: fc.running_below(self.link_proc.pid, "flwr-serverapp"), timeout) \
+            or fc.list_runs(CONNECTION, env=self.cli_env, cwd=self.app_dir)
 
     def run_log(self, run_id: int) -> str:
         """The run's logs so far (the ServerApp's among them), as ``flwr log --show`` prints them."""

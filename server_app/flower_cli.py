@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -86,6 +87,28 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+LS_EVERY_S = 30  # while the run's process lives, ask the SuperLink for the run's status this seldom
+
+
+def wait_for_run(runs_of: Callable[[], list[dict]], running: Callable[[], bool], timeout: float) -> list[dict]:
+    """Wait until every run ``runs_of()`` lists has finished (or ``timeout`` s); returns them.
+
+    ``runs_of`` asks ``flwr ls``: a new interpreter with Flower's imports, about 1 s of CPU, which,
+    asked every 2 s, took half a core from the clients being waited for. It is asked when
+    ``running()`` (a read of /proc: is the run's ServerApp process still there?) says no, i.e.
+    before it started and once it has ended, and otherwise every ``LS_EVERY_S`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    asked, runs = -float("inf"), []
+    while time.monotonic() < deadline:
+        if not running() or time.monotonic() - asked >= LS_EVERY_S:
+            runs, asked = runs_of(), time.monotonic()
+            if runs and all(str(r.get("status", "")).startswith("finished") for r in runs):
+                return runs
+        time.sleep(0.5)
+    return runs_of()
 
 
 def running_below(pid: int, name: str) -> bool:

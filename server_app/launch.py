@@ -110,26 +110,8 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     return {**fc.run_result(runs, config), "min_replies": cfg["min-replies"]}
 
 
-LS_EVERY_S = 30  # while flwr-simulation runs, ask the SuperLink for the run's status this seldom
-
-
 def _wait_finished(link: LocalSimulationLink, timeout: float) -> list[dict]:
-    """Wait for the submitted run to finish; returns ``flwr ls``'s runs.
-
-    ``flwr ls`` is a new interpreter with Flower's imports, about 1 s of CPU: asked every 2 s it
-    took half a core from the clients it was waiting for. It is asked when the SuperLink has no
-    ``flwr-simulation`` process below it (not started yet, or ended with the run), and otherwise
-    every ``LS_EVERY_S`` seconds; looking for the process is a read of /proc.
-    """
-    deadline = time.monotonic() + timeout
-    asked = -float("inf")
-    while time.monotonic() < deadline:
-        if not link.simulation_running() or time.monotonic() - asked >= LS_EVERY_S:
-            runs, asked = link.runs(), time.monotonic()
-            if runs and all(str(r.get("status", "")).startswith("finished") for r in runs):
-                return runs
-        time.sleep(0.5)
-    return link.runs()
+    return fc.wait_for_run(link.runs, link.simulation_running, timeout)
 
 
 # a GPU driver's device files (NVIDIA, AMD ROCm, WSL); torch can only find a GPU where one exists

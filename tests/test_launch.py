@@ -155,8 +155,8 @@ def test_waiting_for_a_run_asks_flwr_ls_only_when_the_simulation_process_is_gone
     from server_app import launch
 
     clock = [0.0]
-    monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(launch.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(fc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(fc.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
 
     class Link:
         asked = 0
@@ -171,4 +171,4 @@ def test_waiting_for_a_run_asks_flwr_ls_only_when_the_simulation_process_is_gone
     link = Link()
     assert launch._wait_finished(link, timeout=1000)[0]["status"] == "finished:completed"
     assert 100 <= clock[0] <= 101  # noticed within a poll of the process ending
-    assert link.asked <= 100 / launch.LS_EVERY_S + 2
+    assert link.asked <= 100 / fc.LS_EVERY_S + 2
