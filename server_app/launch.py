@@ -53,7 +53,7 @@ class LocalSimulationLink:
                "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(log_file),
                "--disable-runtime-dependency-installation"]
         try:
-            self.proc = fc.start(cmd, self.env, self.app_dir)
+            self.proc = fc.start(cmd, self.env, self.app_dir, self.home / "processes.log")  # its children's output
             # flwr run's FAB build then skips .venv (2.9 s otherwise)
             self.app = stage_app(self.app_dir, self.home / "app")
             fc.wait_healthy(self.port, self.proc, log_file)

@@ -14,30 +14,46 @@ level, log to driver) still apply.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from server_app import flower_cli as fc
 
-READY_LINE = "Ray runtime started"
+PORT_FLAGS = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port",
+              "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port",
+              "--node-manager-port", "--object-manager-port")
 
 
 class RayHead:
-    """``ray start --head --block`` on loopback with free ports; a context manager."""
+    """``ray start --head --block`` with free ports and its own session folder; a context manager."""
 
     def __init__(self, env: dict, cwd: Path, log: Path):
         self.env, self.cwd, self.log = env, cwd, log
         self.port = fc.free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self.temp_dir: str | None = None
 
     def __enter__(self) -> RayHead:
-        cmd = [fc.bin_path("ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-               "--port", str(self.port), "--include-dashboard=false", "--disable-usage-stats",
-               "--num-cpus", str(os.cpu_count() or 1)]
+        # every port a head listens on is a free one (``ray start`` has fixed defaults for some, e.g.
+        # the Ray Client server's 10001), so launches side by side do not collide
+        ports = [arg for flag in PORT_FLAGS for arg in (flag, str(fc.free_port()))]
+        cmd = [fc.bin_path("ray"), "start", "--head", "--block",
+               "--port", str(self.port), *ports, "--include-dashboard=false", "--disable-usage-stats",
+               "--num-cpus", str(os.cpu_count() or 1), "--temp-dir", self._temp_dir()]
         self.proc = fc.start(cmd, {**self.env, "RAY_USAGE_STATS_ENABLED": "0"}, self.cwd, self.log)
         return self
+
+    def _temp_dir(self) -> str:
+        """A session folder of this head's own: two heads sharing Ray's default /tmp/ray would share
+        its ``session_latest``, and a driver could find the other cluster's sockets there. Short, as
+        Ray's socket paths must stay under 107 bytes (``flower_cli._ray_tmpdir``)."""
+        base = self.env.get("RAY_TMPDIR") or tempfile.gettempdir()
+        self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir=base)
+        return self.temp_dir
 
     def check_alive(self) -> None:
         """Fail now, with the log to read, if ``ray start`` has already exited (a joining ``ray.init``
@@ -48,3 +64,5 @@ class RayHead:
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
             fc.stop(self.proc)
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
