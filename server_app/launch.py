@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from server_app import flower_cli as fc
@@ -45,28 +46,24 @@ class LocalSimulationLink:
     def __enter__(self) -> LocalSimulationLink:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.toml").write_text(fc.LOCAL_CONFIG)
-        # Ray, the SuperLink and the staged app are started side by side; flwr-simulation joins this Ray
-        self.ray = RayHead(self.env, self.app_dir, self.home / "ray.log").__enter__()
-        self.env["RAY_ADDRESS"] = self.ray.address
-        log_file = self.home / "superlink.log"
-        cmd = [fc.bin_path("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-               "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(log_file),
-               "--disable-runtime-dependency-installation"]
-        try:
+        with ExitStack() as stack:  # stops what started so far if the start fails
+            # Ray, the SuperLink and the staged app start side by side; flwr-simulation joins this Ray
+            ray = stack.enter_context(RayHead(self.env, self.app_dir, self.home / "ray.log"))
+            self.env["RAY_ADDRESS"] = ray.address
+            log_file = self.home / "superlink.log"
+            cmd = [fc.bin_path("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+                   "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(log_file),
+                   "--disable-runtime-dependency-installation"]
             self.proc = fc.start(cmd, self.env, self.app_dir, self.home / "processes.log")  # its children's output
-            # flwr run's FAB build then skips .venv (2.9 s otherwise)
-            self.app = stage_app(self.app_dir, self.home / "app")
+            stack.callback(fc.stop, self.proc)  # stopped before Ray (last in, first out)
+            self.app = stage_app(self.app_dir, self.home / "app")  # flwr run's FAB build skips .venv (2.9 s)
             fc.wait_healthy(self.port, self.proc, log_file)
-            self.ray.check_alive()
-        except BaseException:
-            self.__exit__()
-            raise
+            ray.check_alive()
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None:
-            fc.stop(self.proc)
-        self.ray.__exit__()
+        self._stack.close()
 
     def flwr(self, *args: str, timeout: float | None = None):
         return fc.flwr(*args, env=self.env, cwd=self.app_dir, timeout=timeout)
