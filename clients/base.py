@@ -173,7 +173,7 @@ class ClientEnv:
 
     def save_module(self, name: str, module: torch.nn.Module) -> None:
         """Keep a module's parameters and buffers until the next message."""
-        self.state[name] = ArrayRecord(module.state_dict())
+        self.state[name] = wire.pack_arrays(module.state_dict())
         self._mark_saved()
 
     def load_module(self, name: str, module: torch.nn.Module) -> bool:
@@ -181,7 +181,7 @@ class ClientEnv:
         record = self.state.array_records.get(name)
         if record is None:
             return False
-        module.load_state_dict(record.to_torch_state_dict())
+        module.load_state_dict(wire.torch_arrays(record))
         return True
 
     def save_arrays(self, name: str, arrays: dict) -> None:
@@ -331,7 +331,7 @@ class ClientMethod:
 
     @staticmethod
     def load_weights(model: torch.nn.Module, content: RecordDict, record: str) -> None:
-        state = content.array_records[record].to_torch_state_dict()
+        state = wire.torch_arrays(content.array_records[record])
         missing = set(state) - set(model.state_dict())
         if missing:
             raise ValueError(f"received tensors the model does not have: {sorted(missing)[:5]}")

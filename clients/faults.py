@@ -62,38 +62,36 @@ def corrupt(kind: str | None, records: dict, metrics: dict, pid: int, num_client
         return records, metrics
     records = dict(records)
     metrics = dict(metrics)
-    floats = [(name, key) for name, rec in records.items() if isinstance(rec, ArrayRecord)
-              for key in rec.keys() if np.dtype(rec[key].dtype).kind == "f"]
+    unpacked = {name: wire.unpack_arrays(rec) for name, rec in records.items() if isinstance(rec, ArrayRecord)}
+    floats = [(name, key) for name, arrays in unpacked.items() for key, view in arrays.items() if view.dtype.kind == "f"]
     if kind == "wrong-pid":
         metrics[wire.PARTITION_ID] = (pid + 1) % num_clients
     elif kind == "missing":
-        arrays = [name for name, rec in records.items() if isinstance(rec, ArrayRecord)]
-        if arrays:
-            records.pop(arrays[0])
+        if unpacked:
+            records.pop(next(iter(unpacked)))
         else:
             return records, None
     elif kind in ("nan", "shape") and floats:
         name, key = floats[0]
-        values = np.array(wire.array_view(records[name][key]), dtype=np.float64)
+        values = np.array(unpacked[name][key], dtype=np.float64)
         values = np.full_like(values, np.nan) if kind == "nan" else np.append(values.ravel(), 0.0)
-        records[name] = _replace(records[name], {key: values.astype(np.float32)})
+        records[name] = _replace(records[name], unpacked[name], {key: values.astype(np.float32)})
     elif kind in ("huge", "overflow") and floats:
         for name in dict.fromkeys(n for n, _ in floats):
-            rec = records[name]
-            new = {}
-            for key in rec.keys():
-                view = wire.array_view(rec[key])
-                if view.dtype.kind == "f":
-                    new[key] = (view * 1e6 if kind == "huge" else np.full_like(view, 1e30)).astype(view.dtype)
-            records[name] = _replace(rec, new)
+            new = {key: (view * 1e6 if kind == "huge" else np.full_like(view, 1e30)).astype(view.dtype)
+                   for key, view in unpacked[name].items() if view.dtype.kind == "f"}
+            records[name] = _replace(records[name], unpacked[name], new)
     else:  # nothing to damage in the arrays: the train loss carries the fault
         metrics[wire.TRAIN_LOSS] = float("nan")
     return records, metrics
 
 
-def _replace(record: ArrayRecord, arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({key: Array(np.ascontiguousarray(arrays[key])) if key in arrays else record[key]
-                        for key in record.keys()})
+def _replace(record: ArrayRecord, arrays: dict[str, np.ndarray], changed: dict[str, np.ndarray]) -> ArrayRecord:
+    """``record`` with some arrays replaced, in the same layout (packed or one Array per name)."""
+    merged = {key: changed.get(key, view) for key, view in arrays.items()}
+    if wire.PACKED_KEY in record and record[wire.PACKED_KEY].stype == wire.PACKED_STYPE:
+        return wire.pack_arrays(merged)
+    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in merged.items()})
 
 
 def reply_content(records: dict, metrics: dict | None) -> RecordDict:

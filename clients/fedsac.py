@@ -74,7 +74,7 @@ class FedSaCClient(ClientMethod):
         if mode == "paper":
             reg = regulariser(mode, self.hp["lambda"], received)
         elif mode == "authors":
-            ref = content.array_records[REFERENCE].to_torch_state_dict()
+            ref = wire.torch_arrays(content.array_records[REFERENCE])
             vector = torch.cat([ref[name].reshape(-1) for name, _ in model.named_parameters()]).to(received)
             reg = regulariser(mode, self.hp["lambda"], vector)
 

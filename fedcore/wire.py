@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+if TYPE_CHECKING:
+    import torch
 
 # Record names (CONFIG and METRICS are reserved for the base on both sides)
 CONFIG = "config"
@@ -62,30 +67,93 @@ METHOD_METRIC_PREFIX = "m."  # method-specific metrics, e.g. "m.relation-acc"
 
 
 RAW_STYPE = "raw-le"  # little-endian C-order bytes; dtype and shape are the Array's own fields
+PACKED_STYPE = "pfl-packed/1"  # many arrays in one Array: see pack_arrays
+PACKED_KEY = "packed"  # the one key of a packed ArrayRecord
+_PACKED_MAGIC = b"PFLPACK1"
+_PACKED_ALIGN = 64  # every array starts at a multiple of this: views are aligned for any dtype
 
 
 def pack_arrays(arrays: Mapping[str, object], compact: bool = False) -> ArrayRecord:
     """Numpy arrays or torch tensors by name -> ArrayRecord (torch tensors are detached to CPU).
 
-    By default each array is Flower's ``.npy`` serialisation, which Flower's own ``ArrayRecord``
-    methods read. ``compact`` stores the raw bytes instead (``RAW_STYPE``): the Array message already
-    carries dtype and shape, so the 128-byte ``.npy`` header is redundant, and for the small payloads of
-    the feature-exchanging methods (class features, FedFCD's head) it is a tenth of what they send.
-    Only ``array_view``/``unpack_arrays`` read compact arrays, so client state and model weights stay ``.npy``.
+    By default all arrays travel as ONE Flower ``Array`` (``PACKED_STYPE``, under ``PACKED_KEY``):
+    Flower 1.41 moves every Array of a message as its own object (an Array and its chunk, each a
+    request to pull and a request to push), so a model of 8 tensors cost 16 object requests per hop
+    and message; deployed, those requests took more CPU than the training (README "Deployment").
+    The one Array's bytes are ``PFLPACK1``, a 4-byte header length, a JSON header
+    ``[[name, dtype, shape], ...]`` and then each array's little-endian C-order bytes, each starting
+    at a multiple of 64 bytes. ``unpack_arrays``/``torch_arrays`` read it (and plain ArrayRecords
+    of one Array per name, e.g. from a client written with Flower's own ``ArrayRecord``).
+
+    ``compact`` keeps one raw Array per name instead (``RAW_STYPE``: the Array message already
+    carries dtype and shape): the small class-feature and head payloads of the feature-exchanging
+    methods, where a few hundred bytes count and there are only two or three arrays.
     """
-    out = {}
+    values = {}
     for key, value in arrays.items():
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
-        if compact:
-            value = np.asarray(value, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
-            if value.dtype.kind not in "biufc":
-                raise ValueError(f"{key}: only numeric arrays can be sent compact, not {value.dtype}")
-            value = value.astype(value.dtype.newbyteorder("<"), copy=False)
-            out[key] = Array(dtype=value.dtype.str, shape=tuple(value.shape), stype=RAW_STYPE, data=value.tobytes())
-        else:
-            out[key] = Array(np.ascontiguousarray(value))
-    return ArrayRecord(out)
+        value = np.asarray(value, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
+        if value.dtype.kind not in "biufc":
+            raise ValueError(f"{key}: only numeric arrays can be sent, not {value.dtype}")
+        values[str(key)] = value.astype(value.dtype.newbyteorder("<"), copy=False)
+    if compact:
+        return ArrayRecord({key: Array(dtype=v.dtype.str, shape=tuple(v.shape), stype=RAW_STYPE, data=v.tobytes())
+                            for key, v in values.items()})
+    header = json.dumps([[k, v.dtype.str, list(v.shape)] for k, v in values.items()], separators=(",", ":")).encode()
+    offsets, end = _packed_offsets(len(header), [v.nbytes for v in values.values()])
+    buffer = bytearray(end)
+    buffer[:len(_PACKED_MAGIC) + 4 + len(header)] = _PACKED_MAGIC + len(header).to_bytes(4, "little") + header
+    for value, offset in zip(values.values(), offsets):
+        np.frombuffer(buffer, dtype=value.dtype, count=value.size, offset=offset)[:] = value.reshape(-1)
+    return ArrayRecord({PACKED_KEY: Array(dtype="uint8", shape=(end,), stype=PACKED_STYPE, data=bytes(buffer))})
+
+
+def _packed_offsets(header_len: int, sizes: list[int]) -> tuple[list[int], int]:
+    """Where each array of a packed Array starts, and where the last one ends."""
+    offsets, end = [], len(_PACKED_MAGIC) + 4 + header_len
+    for size in sizes:
+        start = -(-end // _PACKED_ALIGN) * _PACKED_ALIGN
+        offsets.append(start)
+        end = start + size
+    return offsets, end
+
+
+def _packed_views(data: bytes | bytearray) -> dict[str, np.ndarray]:
+    """``{name: view}`` of a packed Array's bytes (read-only for bytes, writable for a bytearray)."""
+    head = memoryview(data)
+    start = len(_PACKED_MAGIC) + 4
+    if len(head) < start or bytes(head[:len(_PACKED_MAGIC)]) != _PACKED_MAGIC:
+        raise ValueError("packed array data does not start with its magic bytes")
+    header_len = int.from_bytes(head[len(_PACKED_MAGIC):start], "little")
+    if start + header_len > len(head):
+        raise ValueError("packed array data ends inside its header")
+    layout = _packed_layout(bytes(head[start:start + header_len]))
+    offsets, end = _packed_offsets(header_len, [dtype.itemsize * math.prod(shape) for _, dtype, shape in layout])
+    if end != len(head):
+        raise ValueError(f"packed array data holds {len(head)} bytes, its header says {end}")
+    return {name: np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+            for (name, dtype, shape), offset in zip(layout, offsets)}
+
+
+@functools.lru_cache(maxsize=1024)
+def _packed_layout(text: bytes) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...]:
+    """The (name, dtype, shape) entries of a packed header; cached, as every client's copy of a
+    model has the same header."""
+    try:
+        entries = json.loads(text.decode())
+        layout = tuple((name, np.dtype(dtype), tuple(shape)) for name, dtype, shape in entries)
+    except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
+        raise ValueError("malformed packed array header") from None
+    names = [name for name, _, _ in layout]
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ValueError("packed array header names must be distinct strings")
+    for name, dtype, shape in layout:
+        if dtype.kind not in "biufc":
+            raise ValueError(f"packed array {name!r} has dtype {dtype}, not a number")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise ValueError(f"packed array {name!r} has a bad shape {list(shape)}")
+    return layout
 
 
 def _raw_view(array: Array) -> np.ndarray:
@@ -157,9 +225,26 @@ def _npy_header(text: bytes) -> tuple[np.dtype, tuple[int, ...], str]:
     return dtype, shape, "F" if header["fortran_order"] else "C"
 
 
+def _is_packed(record: ArrayRecord) -> bool:
+    return PACKED_KEY in record and record[PACKED_KEY].stype == PACKED_STYPE
+
+
 def unpack_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """ArrayRecord -> ``{name: read-only numpy view}`` in record order (no copies)."""
+    """ArrayRecord (packed or one Array per name) -> ``{name: read-only numpy view}`` in the order
+    they were packed (no copies). Malformed data raises ValueError."""
+    if _is_packed(record):
+        return _packed_views(record[PACKED_KEY].data)
     return {key: array_view(record[key]) for key in record.keys()}
+
+
+def torch_arrays(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """ArrayRecord -> ``{name: writable CPU tensor}``, for ``load_state_dict``: one copy of the
+    packed bytes that every tensor views, where Flower's ``to_torch_state_dict`` copies per array."""
+    import torch
+
+    if _is_packed(record):
+        return {k: torch.from_numpy(v) for k, v in _packed_views(bytearray(record[PACKED_KEY].data)).items()}
+    return {k: torch.from_numpy(np.array(v)) for k, v in unpack_arrays(record).items()}
 
 
 def pack_class_features(class_ids: np.ndarray, features: np.ndarray, counts: np.ndarray) -> ArrayRecord:

@@ -528,13 +528,14 @@ class PersonalizedStrategy(Strategy):
             if not isinstance(record, ArrayRecord):
                 return f"missing array record {record_name!r}", None
             arrays[record_name] = {}
+            try:
+                views = wire.unpack_arrays(record)
+            except (ValueError, TypeError) as err:
+                return f"record {record_name!r} cannot be read: {err}", None
             for key, shape in keys.items():
-                if key not in record:
+                if key not in views:
                     return f"record {record_name!r} lacks array {key!r}", None
-                try:
-                    array = wire.array_view(record[key])
-                except (ValueError, TypeError) as err:
-                    return f"{record_name}/{key} cannot be read: {err}", None
+                array = views[key]
                 spec = shape if isinstance(shape, ArraySpec) else ArraySpec(shape)
                 if spec.shape is not None and tuple(array.shape) != tuple(spec.shape):
                     return f"{record_name}/{key} has shape {tuple(array.shape)}, expected {tuple(spec.shape)}", None

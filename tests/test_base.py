@@ -127,7 +127,7 @@ def test_state_helpers_and_per_client_models_survive_serialisation(tmp_path, toy
     for node, context in grid.contexts.items():
         state = context.state
         assert "optimizer" in state.array_records and "counter" in state.config_records
-        widths[context.node_config["partition-id"]] = state.array_records["model"]["body.1.weight"].shape[0]
+        widths[context.node_config["partition-id"]] = wire.unpack_arrays(state.array_records["model"])["body.1.weight"].shape[0]
         assert int(state.config_records["meta"][wire.STATE_ROUND]) == 3
     assert widths == {0: 8, 1: 12, 2: 16}
 
@@ -361,12 +361,69 @@ def test_compact_arrays_survive_flowers_serialiser_unchanged_and_drop_the_npy_he
         assert back[key].stype == wire.RAW_STYPE
         np.testing.assert_array_equal(view, a)
         assert view.shape == a.shape and view.dtype == a.dtype.newbyteorder("<") and not view.flags.writeable
-    npy = wire.pack_arrays(arrays)
-    assert all(npy[k].stype == "numpy.ndarray" for k in arrays)  # the default stays Flower's .npy
+    npy = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in arrays.items()})  # Flower's own .npy
     saved = wire.record_bytes(npy) - wire.record_bytes(record)
     assert saved >= 128 * len(arrays)  # at least the .npy header of every array
     exact = wire.serialised_bytes(RecordDict({"r": record})) - wire.serialised_bytes(RecordDict({"r": ArrayRecord()}))
     assert abs(wire.record_bytes(record) - exact) <= 2 * len(arrays)
+
+
+def test_packed_arrays_round_trip_as_one_flower_object_and_load_as_writable_tensors():
+    """The default packing: every array of a record in one Array, so a message of a model moves as
+    a handful of Flower objects whatever the number of tensors (each object is a request per hop)."""
+    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from fedcore.models import build_model
+
+    arrays = {"f": np.arange(12, dtype=np.float32).reshape(3, 4), "fortran": np.asfortranarray(np.ones((3, 2))),
+              "scalar": np.array(5, dtype=np.int64), "empty": np.zeros((0, 7), np.float32),
+              "bool": np.array([True, False]), "big-endian": np.arange(3, dtype=">i4"),
+              "tensor": torch.arange(6, dtype=torch.float64).reshape(2, 3), "last-empty": np.zeros(0, np.int8)}
+    record = wire.pack_arrays(arrays)
+    assert list(record.keys()) == [wire.PACKED_KEY] and record[wire.PACKED_KEY].stype == wire.PACKED_STYPE
+    back = recorddict_from_proto(recorddict_to_proto(RecordDict({"r": record})))["r"]
+    views, tensors = wire.unpack_arrays(back), wire.torch_arrays(back)
+    assert list(views) == list(tensors) == list(arrays)  # packing order kept
+    for key, a in arrays.items():
+        a = a.numpy() if isinstance(a, torch.Tensor) else a
+        np.testing.assert_array_equal(views[key], a)
+        assert views[key].shape == a.shape and views[key].dtype == a.dtype.newbyteorder("<")
+        assert not views[key].flags.writeable and views[key].flags.aligned
+        np.testing.assert_array_equal(tensors[key].numpy(), a)
+    tensors["f"] += 1  # writable, and a copy: the record is untouched
+    assert views["f"][0, 0] == 0
+    exact = wire.serialised_bytes(RecordDict({"r": record})) - wire.serialised_bytes(RecordDict({"r": ArrayRecord()}))
+    assert abs(wire.record_bytes(record) - exact) <= 4
+
+    model = build_model("fedavgcnn", (1, 28, 28), 10)
+    per_name = RecordDict({"w": ArrayRecord(model.state_dict())})  # a message's content: one object more
+    packed = RecordDict({"w": wire.pack_arrays(model.state_dict())})
+    n_per_name, n_packed = len(get_all_nested_objects(per_name)), len(get_all_nested_objects(packed))
+    assert len(model.state_dict()) >= 8 and n_packed == 4 and n_per_name == 2 + 2 * len(model.state_dict())
+    fresh = build_model("fedavgcnn", (1, 28, 28), 10)
+    fresh.load_state_dict(wire.torch_arrays(packed["w"]))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+
+
+def _packed(header: bytes, body: bytes = b"") -> ArrayRecord:
+    data = b"PFLPACK1" + len(header).to_bytes(4, "little") + header + body
+    return ArrayRecord({wire.PACKED_KEY: Array(dtype="uint8", shape=(len(data),), stype=wire.PACKED_STYPE, data=data)})
+
+
+@pytest.mark.parametrize("record,reason", [
+    (ArrayRecord({wire.PACKED_KEY: Array(dtype="uint8", shape=(4,), stype=wire.PACKED_STYPE, data=b"junk")}), "magic"),
+    (ArrayRecord({wire.PACKED_KEY: Array(dtype="uint8", shape=(13,), stype=wire.PACKED_STYPE,
+                                         data=b"PFLPACK1\x10\0\0\0[")}), "inside its header"),
+    (_packed(b"{not json"), "malformed"),
+    (_packed(b'[["a","|O",[1]]]'), "not a number"),
+    (_packed(b'[["a","<f4",[-1]]]'), "bad shape"),
+    (_packed(b'[["a","<f4",[1]],["a","<f4",[1]]]'), "distinct"),
+    (_packed(b'[["a","<f4",[2]]]', b"\0" * 200), "holds"),
+])
+def test_malformed_packed_arrays_are_refused(record, reason):
+    with pytest.raises(ValueError, match=reason):
+        wire.unpack_arrays(record)
 
 
 @pytest.mark.parametrize("dtype,shape,data,reason", [

@@ -20,7 +20,7 @@ def _spy():
 
 
 def _array_keys(message) -> dict[str, list[str]]:
-    return {name: list(rec.keys()) for name, rec in message.content.array_records.items()}
+    return {name: list(wire.unpack_arrays(rec)) for name, rec in message.content.array_records.items()}
 
 
 @pytest.mark.parametrize("method", sorted(REGISTRY))

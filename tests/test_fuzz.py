@@ -89,14 +89,32 @@ def _round(method: str) -> Round:
 
 
 def _arrays(content: RecordDict) -> list[tuple[str, str]]:
-    return [(name, key) for name, rec in content.items() if isinstance(rec, ArrayRecord) for key in rec.keys()]
+    return [(name, key) for name, rec in content.items() if isinstance(rec, ArrayRecord) for key in wire.unpack_arrays(rec)]
 
 
-def _with_array(content: RecordDict, name: str, key: str, array=None, raw: Array | None = None) -> dict:
+def _is_packed(rec: ArrayRecord) -> bool:
+    return wire.PACKED_KEY in rec and rec[wire.PACKED_KEY].stype == wire.PACKED_STYPE
+
+
+def _with_array(content: RecordDict, name: str, key: str, array=None, raw: Array | None = None,
+                drop: bool = False) -> dict:
+    """``content`` with array ``key`` of record ``name`` replaced (or dropped), in the record's own
+    layout; ``raw`` replaces the bytes themselves (of the one packed Array, for a packed record)."""
     out = dict(content)
     rec = content[name]
+    if _is_packed(rec):
+        if raw is not None:
+            out[name] = ArrayRecord({wire.PACKED_KEY: raw})
+        else:
+            views = dict(wire.unpack_arrays(rec))
+            if drop:
+                views.pop(key)
+            else:
+                views[key] = array
+            out[name] = wire.pack_arrays(views)
+        return out
     out[name] = ArrayRecord({k: (raw if raw is not None else Array(np.ascontiguousarray(array))) if k == key else rec[k]
-                             for k in rec.keys()})
+                             for k in rec.keys() if not (drop and k == key)})
     return out
 
 
@@ -117,7 +135,7 @@ def damage(reply: Message, msg: Message, mutation: str, draw, schema: dict) -> M
     content = reply.content
     metrics = dict(content[wire.METRICS])
     arrays = _arrays(content)
-    floats = [(n, k) for n, k in arrays if np.dtype(content[n][k].dtype).kind == "f"]
+    floats = [(n, k) for n, k in arrays if wire.unpack_arrays(content[n])[k].dtype.kind == "f"]
     rest = {k: v for k, v in content.items() if k != wire.METRICS}
     if mutation == "error":
         return Message(Error(code=0, reason="fuzzed"), reply_to=msg)
@@ -136,14 +154,12 @@ def damage(reply: Message, msg: Message, mutation: str, draw, schema: dict) -> M
     if not arrays:
         return None
     name, key = draw(st.sampled_from(arrays))
-    view = wire.array_view(content[name][key])
+    view = wire.unpack_arrays(content[name])[key]
     if mutation == "drop-record":
         rest.pop(name)
         new = rest
     elif mutation == "drop-array":
-        new = dict(content)
-        new[name] = ArrayRecord({k: content[name][k] for k in content[name].keys() if k != key})
-        new = {k: v for k, v in new.items() if k != wire.METRICS}
+        new = _with_array(content, name, key, drop=True)
     elif mutation == "reshape":
         extra = draw(st.integers(1, 3))
         new = _with_array(content, name, key, np.zeros(view.size + extra, view.dtype).reshape(-1, 1)
@@ -152,7 +168,7 @@ def damage(reply: Message, msg: Message, mutation: str, draw, schema: dict) -> M
         if not floats:
             return None
         name, key = draw(st.sampled_from(floats))
-        view = wire.array_view(content[name][key])
+        view = wire.unpack_arrays(content[name])[key]
         if view.size == 0:
             return None
         bad = np.array(view)
@@ -161,14 +177,16 @@ def damage(reply: Message, msg: Message, mutation: str, draw, schema: dict) -> M
         else:
             bad = bad * np.float32(1e25) + np.float32(1e25)
         new = _with_array(content, name, key, bad)
-    elif mutation == "garbage":
-        junk = draw(st.binary(min_size=0, max_size=200))
-        new = _with_array(content, name, key, raw=Array(dtype="float32", shape=(3,), stype="numpy.ndarray", data=junk))
-    elif mutation == "truncate":
-        data = content[name][key].data
-        cut = draw(st.integers(1, max(1, min(64, len(data) - 1))))
-        new = _with_array(content, name, key, raw=Array(dtype=content[name][key].dtype, shape=tuple(view.shape),
-                                                         stype="numpy.ndarray", data=data[:-cut]))
+    elif mutation in ("garbage", "truncate"):
+        packed = _is_packed(content[name])
+        data = content[name][wire.PACKED_KEY if packed else key].data
+        if mutation == "garbage":
+            data = draw(st.binary(min_size=0, max_size=200))
+        else:
+            data = data[:-draw(st.integers(1, max(1, min(64, len(data) - 1))))]
+        raw = (Array(dtype="uint8", shape=(len(data),), stype=wire.PACKED_STYPE, data=data) if packed else
+               Array(dtype=content[name][key].dtype, shape=tuple(view.shape), stype="numpy.ndarray", data=data))
+        new = _with_array(content, name, key, raw=raw)
     else:  # retype: an array whose dtype the strategy requires arrives as another kind, same shape
         kind = _required_kind(schema, name, key)
         if kind is None or view.size == 0:

@@ -324,7 +324,7 @@ def test_uploaded_features_equal_the_brute_force_class_means(tmp_path, inprocess
         ids, feats, counts = wire.unpack_class_features(reply.content.array_records[wire.CLASS_FEATURES])
         state = grid.contexts[msg.metadata.dst_node_id].state
         model = build_model("protocnn", (1, 8, 8), 10)
-        model.load_state_dict(state.array_records["model"].to_torch_state_dict())
+        model.load_state_dict(wire.torch_arrays(state.array_records["model"]))
         model.eval()
         data = load_client_data(cfg, pid, 3, torch.device("cpu"))
         own = np.flatnonzero(data.train_label_counts)
@@ -382,7 +382,7 @@ def test_heterogeneous_clients_train_together_with_the_same_feature_width(inproc
     hook, log = _spy()
     summary, grid = inprocess(faults=hook, **PFEDPM, **{"pfedpm.heterogeneous": True})
     assert summary["dropped_replies"] == 0
-    widths = {ctx.node_config["partition-id"]: ctx.state.array_records["model"]["body.3.weight"].shape[0]
+    widths = {ctx.node_config["partition-id"]: wire.unpack_arrays(ctx.state.array_records["model"])["body.3.weight"].shape[0]
               for ctx in grid.contexts.values()}
     assert widths == {0: 18, 1: 20, 2: 22}
     ups = [r.content.array_records[wire.CLASS_FEATURES] for m, r in log if m.metadata.message_type == "train"]

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedcore import wire
 from fedcore.config import Config
@@ -34,10 +34,8 @@ def _scale_client(pid: int, rnd: str, factor: float):
         content = {}
         for name, record in reply.content.items():
             if isinstance(record, ArrayRecord):
-                record = ArrayRecord({k: Array(np.asarray(wire.array_view(record[k]) * factor
-                                                          if np.dtype(record[k].dtype).kind == "f"
-                                                          else wire.array_view(record[k])))
-                                      for k in record.keys()})
+                record = wire.pack_arrays({k: v * factor if v.dtype.kind == "f" else v
+                                           for k, v in wire.unpack_arrays(record).items()})
             content[name] = record
         return Message(RecordDict(content), reply_to=msg)
     return hook
