@@ -100,17 +100,19 @@ class LocalDeployment:
         path.mkdir(exist_ok=True)
         return path
 
-    def _env(self, home: Path) -> dict:
+    def _env(self, home: Path, task_poll_s: str = fast_runtime.FAST_TASK_POLL_S) -> dict:
         env = fc.flower_env(home)
         if self.runtime == "fast":
-            env.setdefault(fast_runtime.TASK_POLL_ENV, fast_runtime.FAST_TASK_POLL_S)  # Flower's own setting
+            env.setdefault(fast_runtime.TASK_POLL_ENV, task_poll_s)  # Flower's own setting
         env["PYTHONPATH"] = str(self.app_dir) + os.pathsep + env.get("PYTHONPATH", "")
         return env
 
     def _launch(self, cmd: list[str], home: Path, log: str, host: Host):
         exe = [sys.executable, "-m", "server_app.fast_runtime", cmd[0].split("-")[-1]] \
             if cmd[0] in ("flower-supernode", "flower-superexec") and self.runtime == "fast" else [fc.bin_path(cmd[0])]
-        proc = fc.start([*host.prefix, *exe, *cmd[1:]], self._env(home), self.app_dir, self.workdir / log)
+        # the SuperLink's SuperExec polls only to start a run's ServerApp; the SuperNodes' poll per message
+        poll = fast_runtime.SERVERAPP_TASK_POLL_S if cmd[0] == "flower-superlink" else fast_runtime.FAST_TASK_POLL_S
+        proc = fc.start([*host.prefix, *exe, *cmd[1:]], self._env(home, poll), self.app_dir, self.workdir / log)
         self._stack.callback(fc.stop, proc)
         return proc
 

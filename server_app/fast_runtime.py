@@ -45,6 +45,9 @@ DEFAULT_PRELOAD = "numpy,torch,torch.nn,torch.optim,torch._dynamo,flwr.app,flwr.
 # Flower's own setting for the SuperExec's task poll; set to this unless the caller chose a value
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL_S = "0.1"
+# the SuperLink's SuperExec, which only starts each run's ServerApp: at 0.1 s its polls were a sixth of
+# the SuperLink's requests during a deployed round (10 a second, each a few ms of the SuperLink's CPU)
+SERVERAPP_TASK_POLL_S = "0.5"
 # longest wait between a ClientApp's retries of message objects from its own SuperNode (a local call)
 LOCAL_PULL_CAP_S = 0.02
 

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 
 from fedcore import wire
 from fedstrategies.base import ClientInfo
+from server_app import vce_wakeup
 
 PULL_INTERVALS_S = (0.01, 0.05)  # first and longest wait between pulls (each wait 1.5x the last)
 IN_MEMORY_PULL_INTERVAL_S = 0.01  # simulation: a pull is a dict lookup, Flower's default waits 0.1 s
@@ -58,19 +59,26 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
     """Push ``messages`` and pull their replies until all are in or ``timeout`` s have passed.
 
     On Flower's deployed grid (``HttpGrid``, whose own loop sleeps 3 s) the waits between pulls grow
-    from 10 ms to 200 ms: quick replies are seen at once, long training costs few requests (the
-    ServerApp's ``main`` shortens the retries of a reply's objects likewise, once per run). Any other
-    grid (simulation, in-process) keeps its own ``send_and_receive``.
+    from 10 ms to 50 ms: quick replies are seen at once, long training costs few requests (the
+    ServerApp's ``main`` shortens the retries of a reply's objects likewise, once per run). In
+    simulation (``InMemoryGrid``, a pull is a look-up) every wait is the grid's ``pull_interval`` and
+    the engine is woken as soon as the messages are in (``vce_wakeup``). Any other grid (in-process)
+    keeps its own ``send_and_receive``.
     """
+    from flwr.superlink.grid import InMemoryGrid
     from flwr.superlink.grid.http_grid import HttpGrid
 
     messages = list(messages)
-    if not isinstance(grid, HttpGrid):
+    if not isinstance(grid, (HttpGrid, InMemoryGrid)):
         return list(grid.send_and_receive(messages, timeout=timeout))
     waiting = set(grid.push_messages(messages))
+    first, longest = PULL_INTERVALS_S
+    if isinstance(grid, InMemoryGrid):  # simulation: the engine takes the messages now, not at its next poll
+        vce_wakeup.kick()
+        first = longest = grid.pull_interval
     deadline = time.monotonic() + timeout
     replies: list[Message] = []
-    wait = PULL_INTERVALS_S[0]
+    wait = first
     while waiting:
         got = list(grid.pull_messages(waiting))
         replies.extend(got)
@@ -78,7 +86,7 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(wait)
-        wait = min(wait * 1.5, PULL_INTERVALS_S[1])
+        wait = min(wait * 1.5, longest)
     return replies
 
 
