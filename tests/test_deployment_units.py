@@ -68,13 +68,25 @@ def test_partition_cache_serves_the_same_split_keyed_by_what_determines_it(tmp_p
     assert partition_cache.cache_path(("digits", "iid", 2, 0, "", (), ()), 0) is None
 
 
-def test_the_fast_supernode_caps_flowers_fixed_sleeps(monkeypatch):
-    capped = fast_runtime._CappedSleep(0.2, local_cap=0.01)
+def test_the_fast_supernode_caps_flowers_fixed_sleeps_and_backs_off_when_idle(monkeypatch):
+    now = [100.0]
     slept = []
-    monkeypatch.setattr(fast_runtime.time, "sleep", slept.append)
-    capped.sleep(3)  # idle poll of the SuperLink
+
+    def fake_sleep(seconds):
+        slept.append(round(seconds, 6))
+        now[0] += seconds
+
+    monkeypatch.setattr(fast_runtime.time, "sleep", fake_sleep)
+    capped = fast_runtime._CappedSleep(0.2, local_cap=0.01, first=0.01, clock=lambda: now[0])
+    for _ in range(10):
+        capped.sleep(3)  # idle polls of the SuperLink (Flower sleeps 3 s after each empty poll)
+    assert slept[:3] == [0.01, 0.015, 0.0225] and slept[-2:] == [0.2, 0.2]  # 1.5x each, up to the cap
+    assert all(b >= a for a, b in zip(slept, slept[1:]))
+    slept.clear()
     capped.sleep(0.5)  # waiting on the node's own state for its ClientApp's reply
-    assert slept == [0.2, 0.01]
+    now[0] += 0.8  # the node ran a task
+    capped.sleep(3)  # the next message is expected soon: poll again quickly
+    assert slept == [0.01, 0.01]
     assert capped.monotonic() > 0  # every other attribute is the time module's
 
 
