@@ -17,11 +17,12 @@ Where a deployed round's time goes in Flower 1.41 (measured, see README "Deploym
   builds its first optimizer, which imports ``torch._dynamo`` (1.4 to 2.2 s).
 
 ``python -m server_app.fast_runtime supernode <flower-supernode args>`` is ``flower-supernode`` with
-those sleeps capped at ``PFL_SUPERNODE_POLL_S`` (default 0.2 s). ``python -m server_app.fast_runtime
+those sleeps shortened: its idle poll backs off from 10 ms after work to ``PFL_SUPERNODE_POLL_S``
+(default 0.2 s). ``python -m server_app.fast_runtime
 superexec <flower-superexec args>`` is ``flower-superexec`` that imports torch and Flower's ClientApp
 runtime once and forks each ClientApp from itself: the same ``run_clientapp`` Flower runs, with the
-same token and Runtime API, only without a cold interpreter, with object pulls retried after 10 ms
-and an installed FAB not unpacked again. The app itself is still imported fresh in every fork from
+same token and Runtime API, only without a cold interpreter, with object pulls retried after 10 ms,
+an installed FAB not unpacked again, and its ask for the next task woken when a ClientApp ends. The app itself is still imported fresh in every fork from
 the FAB of its run, so a new FAB is never served by old code. Everything else
 (TLS, authentication, node config) is Flower's own; both accept exactly Flower's flags.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import signal
 import sys
 import time
@@ -45,6 +47,9 @@ DEFAULT_PRELOAD = "numpy,torch,torch.nn,torch.optim,torch._dynamo,flwr.app,flwr.
 # Flower's own setting for the SuperExec's task poll; set to this unless the caller chose a value
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL_S = "0.1"
+# the forking SuperExec's longest wait between asks for a task (``_TaskPoll``; replaces Flower's fixed interval)
+TASK_POLL_CAP_ENV = "PFL_SUPEREXEC_POLL_S"
+DEFAULT_TASK_POLL_CAP_S = 0.2
 # the SuperLink's SuperExec, which only starts each run's ServerApp: at 0.1 s its polls were a sixth of
 # the SuperLink's requests during a deployed round (10 a second, each a few ms of the SuperLink's CPU)
 SERVERAPP_TASK_POLL_S = "0.5"
@@ -134,8 +139,8 @@ class _CappedSleep:
 
 
 def supernode(argv: list[str]) -> None:
-    """``flower-supernode`` whose idle poll is capped at ``PFL_SUPERNODE_POLL_S`` and whose waits for
-    its ClientApp's reply at 10 ms."""
+    """``flower-supernode`` whose idle poll backs off from 10 ms to ``PFL_SUPERNODE_POLL_S`` and whose
+    waits for its ClientApp's reply are 10 ms."""
     from flwr.supernode import start_client_internal
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
@@ -150,9 +155,10 @@ class ForkExecutor:
     """SuperExec executor that forks ClientApps from this (pre-imported) process; other task types
     (the ServerApp) go to Flower's own executor."""
 
-    def __init__(self, fallback):
+    def __init__(self, fallback, task_ended_fd: int | None = None):
         self.fallback = fallback
         self.children: set[int] = set()
+        self.task_ended_fd = task_ended_fd  # each forked ClientApp writes a byte here as it ends
 
     def get_eligible_capacity(self, supported_task_types, **kwargs):
         return self.fallback.get_eligible_capacity(supported_task_types, **kwargs)
@@ -169,7 +175,7 @@ class ForkExecutor:
         self.reconcile()
         pid = os.fork()
         if pid == 0:  # the child never returns
-            _run_clientapp_child(spec)
+            _run_clientapp_child(spec, self.task_ended_fd)
         self.children.add(pid)
         return LaunchResult.accepted()
 
@@ -188,7 +194,39 @@ class ForkExecutor:
         self.fallback.close()
 
 
-def _run_clientapp_child(spec) -> None:
+class _TaskPoll:
+    """Stands in for the ``time`` module inside Flower's SuperExec loop, which sleeps a fixed
+    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` between asks for a task, busy or not (0.1 s here before).
+
+    A node's next message comes after its ClientApp's reply has gone to the ServerApp and the
+    ServerApp has sent again: the wait is woken when a forked ClientApp ends (a byte on a pipe),
+    then grows from ``first`` by 1.5x per empty ask to ``cap`` (``PFL_SUPEREXEC_POLL_S``, 0.2 s).
+    The next task is then taken within a few tens of ms of its arrival, and a node whose ClientApp
+    trains asks rarely (each ask is a request its SuperNode answers on the same cores).
+    """
+
+    def __init__(self, task_ended_fd: int, first: float = 0.01, cap: float = 0.2):
+        self.fd, self.first, self.cap = task_ended_fd, first, cap
+        self.delay = first
+        os.set_blocking(task_ended_fd, False)
+
+    def sleep(self, seconds: float) -> None:  # Flower's fixed interval is replaced, not capped
+        ready, _, _ = select.select([self.fd], [], [], self.delay)
+        if ready:
+            try:
+                while os.read(self.fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            self.delay = self.first
+        else:
+            self.delay = min(self.delay * 1.5, self.cap)
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def _run_clientapp_child(spec, task_ended_fd: int | None = None) -> None:
     """Body of a forked ClientApp: Flower's ``run_clientapp`` with the parent's handlers dropped."""
     code, start, log_fd = 1, time.monotonic(), os.dup(2)  # the SuperExec's own log, even when output is suppressed
     try:
@@ -221,6 +259,11 @@ def _run_clientapp_child(spec) -> None:
         sys.stderr.flush()
         os.write(log_fd, f"[fast_runtime] ClientApp task {spec.task_id} (forked) ended with {code} after "
                          f"{time.monotonic() - start:.2f} s\n".encode())
+        if task_ended_fd is not None:
+            try:
+                os.write(task_ended_fd, b"x")  # the SuperExec polls for this node's next task at once
+            except OSError:
+                pass
         os._exit(code)
 
 
@@ -239,7 +282,10 @@ def superexec(argv: list[str]) -> None:
     fast_object_pulls(LOCAL_PULL_CAP_S)
     flower_clientapp.install_from_fab = install_fab_once(flower_clientapp.install_from_fab)
     flower_get_executor = run_superexec.get_executor
-    run_superexec.get_executor = lambda *args, **kwargs: ForkExecutor(flower_get_executor(*args, **kwargs))
+    task_ended_r, task_ended_w = os.pipe()
+    run_superexec.get_executor = lambda *args, **kwargs: ForkExecutor(flower_get_executor(*args, **kwargs),
+                                                                      task_ended_w)
+    run_superexec.time = _TaskPoll(task_ended_r, cap=float(os.environ.get(TASK_POLL_CAP_ENV, DEFAULT_TASK_POLL_CAP_S)))
     sys.argv = ["flower-superexec", *argv]
     flower_superexec()
 

@@ -12,8 +12,8 @@ both take one message.
 ``kick()`` finds that thread once, replaces the ``wait`` of its stop event (a plain
 ``threading.Event`` that only this thread waits on) by a wait on a wake-up event with the same
 timeout, and sets the wake-up event; the loop then takes the new messages at once and still polls
-every 0.1 s on its own. ``f_stop.set()`` still ends the loop at once (it sets the wake-up event too). Where the thread is not found (another Flower version, not a simulation),
-nothing changes.
+every 0.1 s on its own. ``f_stop.set()`` still ends the loop at once (it sets the wake-up event
+too). Where the thread is not found (another Flower version, not a simulation), nothing changes.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ cache, and the fast runtime's capped sleeps, object-pull back-off and FAB instal
 
 from __future__ import annotations
 
+import os
 import stat
 import time
 
@@ -168,3 +169,36 @@ def test_simulation_grid_waits_10_ms_between_reply_pulls_not_flowers_100_ms(monk
     monkeypatch.setattr(inmemory_grid.time, "sleep", sleeps.append)
     assert list(grid.send_and_receive([object()], timeout=60)) == [reply]
     assert sleeps == [IN_MEMORY_PULL_INTERVAL_S] * 2 == [0.01, 0.01]
+
+
+def test_the_forking_superexec_asks_for_the_next_task_as_soon_as_a_clientapp_ends(monkeypatch):
+    """Flower's SuperExec sleeps a fixed interval between asks; ours backs off from 10 ms to the cap
+    and is woken by a byte that each forked ClientApp writes as it ends."""
+    import types
+
+    from flwr.supercore.constant import TaskType
+    from flwr.supernode.runtime import run_clientapp as flower_clientapp
+
+    monkeypatch.setattr(flower_clientapp, "run_clientapp", lambda **kwargs: None)  # what the forked child runs
+    read_end, write_end = os.pipe()
+    poll = fast_runtime._TaskPoll(read_end, first=0.01, cap=0.03)
+    for expected in (0.015, 0.0225, 0.03, 0.03):
+        poll.sleep(60)  # Flower's interval is replaced: each empty wait is the current delay, at most the cap
+        assert poll.delay == pytest.approx(expected)
+
+    class Fallback:
+        def reconcile(self):
+            pass
+
+    executor = fast_runtime.ForkExecutor(Fallback(), write_end)
+    spec = types.SimpleNamespace(task_type=TaskType.CLIENT_APP, task_id=1, runtime_api_address="127.0.0.1:1",
+                                 token="t", insecure=True, root_certificates_path=None, parent_pid=os.getpid(),
+                                 runtime_dependency_install=False, suppress_output=True)
+    executor.launch(spec)
+    (child,) = executor.children
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0  # the child ran the patched run_clientapp
+    poll.sleep(60)  # the ended ClientApp's byte is waiting: no wait, and the next ask comes after 10 ms
+    assert poll.delay == 0.01
+    os.close(read_end)
+    os.close(write_end)
