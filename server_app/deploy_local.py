@@ -100,9 +100,9 @@ class LocalDeployment:
         path.mkdir(exist_ok=True)
         return path
 
-    def _env(self, home: Path, task_poll_s: str = fast_runtime.FAST_TASK_POLL_S) -> dict:
+    def _env(self, home: Path, task_poll_s: str | None = None) -> dict:
         env = fc.flower_env(home)
-        if self.runtime == "fast":
+        if self.runtime == "fast" and task_poll_s is not None:
             env.setdefault(fast_runtime.TASK_POLL_ENV, task_poll_s)  # Flower's own setting
         env["PYTHONPATH"] = str(self.app_dir) + os.pathsep + env.get("PYTHONPATH", "")
         return env
@@ -110,8 +110,9 @@ class LocalDeployment:
     def _launch(self, cmd: list[str], home: Path, log: str, host: Host):
         exe = [sys.executable, "-m", "server_app.fast_runtime", cmd[0].split("-")[-1]] \
             if cmd[0] in ("flower-supernode", "flower-superexec") and self.runtime == "fast" else [fc.bin_path(cmd[0])]
-        # the SuperLink's SuperExec polls only to start a run's ServerApp; the SuperNodes' poll per message
-        poll = fast_runtime.SERVERAPP_TASK_POLL_S if cmd[0] == "flower-superlink" else fast_runtime.FAST_TASK_POLL_S
+        # the SuperLink's own SuperExec (Flower's) polls only to start a run's ServerApp; the SuperNodes'
+        # forking SuperExecs wait their own way (fast_runtime._TaskPoll)
+        poll = fast_runtime.SERVERAPP_TASK_POLL_S if cmd[0] == "flower-superlink" else None
         proc = fc.start([*host.prefix, *exe, *cmd[1:]], self._env(home, poll), self.app_dir, self.workdir / log)
         self._stack.callback(fc.stop, proc)
         return proc

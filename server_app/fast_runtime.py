@@ -44,7 +44,8 @@ DEFAULT_POLL_S = 0.2
 # torch._dynamo is imported by the first optimizer a process builds (torch.optim wraps Optimizer.__init__
 # with it): 1.4 to 2.2 s that every forked training task paid before it was preloaded here.
 DEFAULT_PRELOAD = "numpy,torch,torch.nn,torch.optim,torch._dynamo,flwr.app,flwr.clientapp"
-# Flower's own setting for the SuperExec's task poll; set to this unless the caller chose a value
+# Flower's own setting for the task poll of Flower's SuperExec (the ones a SuperLink starts: the
+# simulation's, set to FAST_TASK_POLL_S by the launcher, and a deployment's, SERVERAPP_TASK_POLL_S)
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL_S = "0.1"
 # the forking SuperExec's longest wait between asks for a task (``_TaskPoll``; replaces Flower's fixed interval)
@@ -271,7 +272,6 @@ def superexec(argv: list[str]) -> None:
     """``flower-superexec`` that forks each ClientApp from a process with its heavy imports done."""
     for name in filter(None, os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(",")):
         importlib.import_module(name.strip())
-    os.environ.setdefault(TASK_POLL_ENV, FAST_TASK_POLL_S)
     from flwr.supercore.cli.flower_superexec import flower_superexec
     from flwr.supercore.superexec import run_superexec
     from flwr.supernode.runtime import run_clientapp as flower_clientapp
