@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -33,9 +34,23 @@ FLWR_ENV = {
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int, exclude: Iterable[int] = ()) -> list[int]:
+    """``n`` distinct free ports, none in ``exclude``. Every socket stays bound until all are chosen:
+    ports asked for one at a time can repeat (the OS may hand a just-released port out again), and a
+    ``ray start`` given one port for two of its components fails, leaving the simulation waiting."""
+    exclude = set(exclude)
+    with ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < n:
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in exclude:
+                ports.append(port)
+        return ports
 
 
 def bin_path(name: str) -> str:

@@ -48,7 +48,7 @@ class LocalSimulationLink:
         (self.home / "config.toml").write_text(fc.LOCAL_CONFIG)
         with ExitStack() as stack:  # stops what started so far if the start fails
             # Ray, the SuperLink and the staged app start side by side; flwr-simulation joins this Ray
-            ray = stack.enter_context(RayHead(self.env, self.app_dir, self.home / "ray.log"))
+            ray = stack.enter_context(RayHead(self.env, self.app_dir, self.home / "ray.log", avoid_ports=(self.port,)))
             self.env["RAY_ADDRESS"] = ray.address
             log_file = self.home / "superlink.log"
             cmd = [fc.bin_path("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",

@@ -30,21 +30,25 @@ PORT_FLAGS = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent
 class RayHead:
     """``ray start --head --block`` with free ports and its own session folder; a context manager."""
 
-    def __init__(self, env: dict, cwd: Path, log: Path):
+    def __init__(self, env: dict, cwd: Path, log: Path, avoid_ports: tuple[int, ...] = ()):
         self.env, self.cwd, self.log = env, cwd, log
-        self.port = fc.free_port()
+        # every port a head listens on is a free one (``ray start`` has fixed defaults for some, e.g.
+        # the Ray Client server's 10001), so launches side by side do not collide; all distinct, and
+        # none of ``avoid_ports`` (the SuperLink's, chosen but not yet bound)
+        self.port, *self.component_ports = fc.free_ports(1 + len(PORT_FLAGS), exclude=avoid_ports)
         self.address = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.temp_dir: str | None = None
 
+    def command(self, temp_dir: str) -> list[str]:
+        ports = [arg for flag, port in zip(PORT_FLAGS, self.component_ports) for arg in (flag, str(port))]
+        return [fc.bin_path("ray"), "start", "--head", "--block",
+                "--port", str(self.port), *ports, "--include-dashboard=false", "--disable-usage-stats",
+                "--num-cpus", str(os.cpu_count() or 1), "--temp-dir", temp_dir]
+
     def __enter__(self) -> RayHead:
-        # every port a head listens on is a free one (``ray start`` has fixed defaults for some, e.g.
-        # the Ray Client server's 10001), so launches side by side do not collide
-        ports = [arg for flag in PORT_FLAGS for arg in (flag, str(fc.free_port()))]
-        cmd = [fc.bin_path("ray"), "start", "--head", "--block",
-               "--port", str(self.port), *ports, "--include-dashboard=false", "--disable-usage-stats",
-               "--num-cpus", str(os.cpu_count() or 1), "--temp-dir", self._temp_dir()]
-        self.proc = fc.start(cmd, {**self.env, "RAY_USAGE_STATS_ENABLED": "0"}, self.cwd, self.log)
+        self.proc = fc.start(self.command(self._temp_dir()), {**self.env, "RAY_USAGE_STATS_ENABLED": "0"},
+                             self.cwd, self.log)
         return self
 
     def _temp_dir(self) -> str:

@@ -209,3 +209,18 @@ def test_vce_wakeup_wakes_flowers_message_mover_and_keeps_its_stop():
         f_stop.set()
     mover.join(10)
     assert not mover.is_alive() and f_stop.is_set()
+
+
+def test_a_ray_head_gets_distinct_ports_that_avoid_the_superlinks(tmp_path):
+    """Ports picked one at a time could repeat; ``ray start`` then refused to start ("trying to use a
+    port number ... used by other components") and the simulation waited for a head that never came."""
+    from server_app.ray_head import PORT_FLAGS, RayHead
+
+    ports = fc.free_ports(200, exclude=(1234,))
+    assert len(set(ports)) == 200 and 1234 not in ports
+    for _ in range(20):
+        head = RayHead({}, ROOT, tmp_path / "ray.log", avoid_ports=(head_port := fc.free_port(),))
+        cmd = head.command(str(tmp_path))
+        chosen = [int(cmd[cmd.index(flag) + 1]) for flag in ("--port", *PORT_FLAGS)]
+        assert len(set(chosen)) == len(chosen) == 1 + len(PORT_FLAGS) and head_port not in chosen
+        assert head.address == f"127.0.0.1:{chosen[0]}"
