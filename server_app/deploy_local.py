@@ -81,6 +81,7 @@ class LocalDeployment:
         self.secure, self.runtime, self.link_host = secure, runtime, link_host
         self.link_names = list(link_names)
         self.port = None
+        self.ports: set[int] = set()  # chosen so far: a node's port is picked before an earlier node has bound its own
         self.link_proc = None  # the SuperLink's process: the run's flwr-serverapp runs below it
         self.supernodes: list[SuperNode] = []
         self.certs: dict = {}
@@ -119,7 +120,8 @@ class LocalDeployment:
 
     def start_superlink(self, port: int | None = None) -> None:
         """Start the SuperLink (all APIs on one port) and write the CLI's connection."""
-        self.port = port or fc.free_port()
+        self.port = port or fc.free_ports(1, exclude=self.ports)[0]
+        self.ports.add(self.port)
         host = self.link_host
         cmd = ["flower-superlink", "--host", "0.0.0.0" if host.prefix else "127.0.0.1", "--port", str(self.port),
                "--disable-runtime-dependency-installation"]
@@ -162,7 +164,8 @@ class LocalDeployment:
         index = len(self.supernodes)
         node = SuperNode(index, partition_id, log=self.workdir / f"supernode-{index}.log")
         home = self._home(f"supernode-{index}")
-        node_port = fc.free_port()
+        node_port = fc.free_ports(1, exclude=self.ports)[0]
+        self.ports.add(node_port)
         isolation = "process" if self.runtime == "fast" else "subprocess"
         link = link_address or self.link_host.address
         cmd = ["flower-supernode", "--superlink", f"{link}:{self.port}", "--port", str(node_port),
