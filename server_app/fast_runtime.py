@@ -18,13 +18,13 @@ Where a deployed round's time goes in Flower 1.41 (measured, see README "Deploym
 
 ``python -m server_app.fast_runtime supernode <flower-supernode args>`` is ``flower-supernode`` with
 those sleeps shortened: its idle poll backs off from 10 ms after work to ``PFL_SUPERNODE_POLL_S``
-(default 0.2 s). ``python -m server_app.fast_runtime
-superexec <flower-superexec args>`` is ``flower-superexec`` that imports torch and Flower's ClientApp
-runtime once and forks each ClientApp from itself: the same ``run_clientapp`` Flower runs, with the
-same token and Runtime API, only without a cold interpreter, with object pulls retried after 10 ms,
-an installed FAB not unpacked again, and its ask for the next task woken when a ClientApp ends. The app itself is still imported fresh in every fork from
-the FAB of its run, so a new FAB is never served by old code. Everything else
-(TLS, authentication, node config) is Flower's own; both accept exactly Flower's flags.
+(default 0.2 s). ``python -m server_app.fast_runtime superexec <flower-superexec args>`` is
+``flower-superexec`` that imports torch and Flower's ClientApp runtime once and forks each ClientApp
+from itself: the same ``run_clientapp`` Flower runs, with the same token and Runtime API, only
+without a cold interpreter, with object pulls retried after 10 ms, an installed FAB not unpacked
+again, and its ask for the next task woken when a ClientApp ends. The app itself is still imported
+fresh in every fork from the FAB of its run, so a new FAB is never served by old code. Everything
+else (TLS, authentication, node config) is Flower's own; both accept exactly Flower's flags.
 """
 
 from __future__ import annotations
@@ -104,6 +104,22 @@ def install_fab_once(install):
     return install_once
 
 
+class _Backoff:
+    """A wait that starts at ``first`` after work and grows 1.5x per idle wait up to ``cap``."""
+
+    def __init__(self, first: float, cap: float):
+        self.first, self.cap = min(first, cap), cap
+        self.delay = self.first
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+    def take(self) -> float:
+        """The wait to make now; the next one is longer."""
+        delay, self.delay = self.delay, min(self.delay * 1.5, self.cap)
+        return delay
+
+
 class _CappedSleep:
     """Stands in for the ``time`` module inside Flower's SuperNode loop.
 
@@ -121,18 +137,17 @@ class _CappedSleep:
     """
 
     def __init__(self, cap: float, local_cap: float = 0.01, first: float = 0.01, clock=time.monotonic):
-        self.cap, self.local_cap, self.first, self.clock = cap, local_cap, min(first, cap), clock
-        self.delay, self.last_poll = self.first, None  # next idle wait; when the last one ended
+        self.local_cap, self.clock = local_cap, clock
+        self.backoff, self.last_poll = _Backoff(first, cap), None  # idle waits; when the last one ended
 
     def sleep(self, seconds: float) -> None:
         if seconds < 1:
             time.sleep(min(seconds, self.local_cap))
             return
         now = self.clock()
-        if self.last_poll is None or now - self.last_poll > self.delay + 0.05:  # busy since the last poll
-            self.delay = self.first
-        time.sleep(min(seconds, self.delay))
-        self.delay = min(self.delay * 1.5, self.cap)
+        if self.last_poll is None or now - self.last_poll > self.backoff.delay + 0.05:  # busy since
+            self.backoff.reset()
+        time.sleep(min(seconds, self.backoff.take()))
         self.last_poll = self.clock()
 
     def __getattr__(self, name: str):
@@ -207,21 +222,22 @@ class _TaskPoll:
     """
 
     def __init__(self, task_ended_fd: int, first: float = 0.01, cap: float = 0.2):
-        self.fd, self.first, self.cap = task_ended_fd, first, cap
-        self.delay = first
+        self.fd, self.backoff = task_ended_fd, _Backoff(first, cap)
         os.set_blocking(task_ended_fd, False)
 
+    @property
+    def delay(self) -> float:
+        return self.backoff.delay
+
     def sleep(self, seconds: float) -> None:  # Flower's fixed interval is replaced, not capped
-        ready, _, _ = select.select([self.fd], [], [], self.delay)
+        ready, _, _ = select.select([self.fd], [], [], self.backoff.take())
         if ready:
             try:
                 while os.read(self.fd, 4096):
                     pass
             except BlockingIOError:
                 pass
-            self.delay = self.first
-        else:
-            self.delay = min(self.delay * 1.5, self.cap)
+            self.backoff.reset()
 
     def __getattr__(self, name: str):
         return getattr(time, name)
