@@ -21,6 +21,7 @@ from clients.base import ClientEnv, message_seed, set_client_threads
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import seed_torch
+from fedcore.schema_cache import cached_schema
 from fedcore.registry import get_method
 
 app = ClientApp()
@@ -28,7 +29,7 @@ app = ClientApp()
 
 @lru_cache(maxsize=8)
 def _config(items: tuple) -> Config:
-    return Config.from_run_config(dict(items))
+    return Config.from_run_config(dict(items), keys=cached_schema())  # no strategy module imported here
 
 
 def _identity(context: Context) -> tuple[int, int]:

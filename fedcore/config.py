@@ -191,9 +191,10 @@ class Config(Mapping):
         self._values = dict(values)
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> Config:
-        """Validate a Flower run config (missing keys take their defaults)."""
-        keys = schema()
+    def from_run_config(cls, run_config: Mapping[str, Any], keys: dict[str, Key] | None = None) -> Config:
+        """Validate a Flower run config (missing keys take their defaults) against ``keys`` (default:
+        ``schema()``)."""
+        keys = schema() if keys is None else keys
         unknown = sorted(set(run_config) - set(keys))
         if unknown:
             raise ConfigError(

@@ -201,7 +201,7 @@ def wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float = 
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.3)
+        time.sleep(0.05)  # the launch waits on this: a longer poll is start-up time
     raise RuntimeError(f"flower-superlink did not become ready in {timeout:.0f} s; see {log}")
 
 
@@ -320,11 +320,13 @@ def stop_on_signals() -> None:
 
 def check_config(run_config: dict, app_dir: Path) -> dict:
     """Validate a run config (pyproject defaults + overrides) and its results folder before any
-    process starts; raises ConfigError / RunFolderError with the key or folder named."""
+    process starts; raises ConfigError / RunFolderError with the key or folder named. The schema
+    comes from its cache (``fedcore.schema_cache``): no torch or Flower import before the start."""
     from fedcore.config import Config
+    from fedcore.schema_cache import cached_schema
     from server_app.results import run_folder
 
-    cfg = Config.from_run_config({**pyproject_run_config(app_dir), **run_config})
+    cfg = Config.from_run_config({**pyproject_run_config(app_dir), **run_config}, keys=cached_schema())
     run_folder(cfg)
     return cfg
 

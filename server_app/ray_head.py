@@ -27,6 +27,13 @@ PORT_FLAGS = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent
               "--node-manager-port", "--object-manager-port")
 
 
+# Ray's own settings (read by the raylet from RAY_<name>). When the first driver connects, a raylet
+# starts one idle worker per CPU for it; Flower's backend asks for actors with a runtime env of their
+# own (its PYTHONPATH), which those workers do not have, so Ray starts two more for the actors and
+# stops the idle ones: two interpreters importing Ray for nothing, in the busiest second of the start
+HEAD_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
+
+
 class RayHead:
     """``ray start --head --block`` with free ports and its own session folder; a context manager."""
 
@@ -47,8 +54,7 @@ class RayHead:
                 "--num-cpus", str(os.cpu_count() or 1), "--temp-dir", temp_dir]
 
     def __enter__(self) -> RayHead:
-        self.proc = fc.start(self.command(self._temp_dir()), {**self.env, "RAY_USAGE_STATS_ENABLED": "0"},
-                             self.cwd, self.log)
+        self.proc = fc.start(self.command(self._temp_dir()), {**self.env, **HEAD_ENV}, self.cwd, self.log)
         return self
 
     def _temp_dir(self) -> str:
