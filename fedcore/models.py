@@ -30,6 +30,26 @@ BODY_PREFIX = "body."  # state-dict keys of the feature extractor
 HEAD_PREFIX = "head."  # state-dict keys of the linear classifier
 
 
+class FastMaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d``; a 2x2, stride-2 pool that no gradient flows through (evaluation, feature
+    extraction) is the element-wise maximum of the four strided views instead.
+
+    PyTorch's CPU max pool over NCHW tensors took 5.9 ms of a 14 ms FedAvgCNN forward over 63 MNIST
+    images (one thread); the four-view maximum takes 0.6 ms and gives the same values bit for bit
+    (a maximum is exact; NaN propagates in both). With gradients Flower's training keeps PyTorch's
+    own pool, so training is unchanged.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if ((torch.is_grad_enabled() and x.requires_grad) or self.return_indices or self.ceil_mode
+                or self.kernel_size not in (2, (2, 2)) or self.stride not in (2, (2, 2))
+                or self.padding not in (0, (0, 0)) or self.dilation not in (1, (1, 1)) or x.dim() != 4):
+            return super().forward(x)
+        h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2  # floor mode drops an odd last row/column
+        return torch.maximum(torch.maximum(x[..., 0:h:2, 0:w:2], x[..., 0:h:2, 1:w:2]),
+                             torch.maximum(x[..., 1:h:2, 0:w:2], x[..., 1:h:2, 1:w:2]))
+
+
 class SplitModel(nn.Module):
     """Body (feature extractor) + head (linear classifier): the split every PFL method needs."""
 
@@ -106,8 +126,8 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> Sp
     """Small 3x3 CNN that fits both 28x28 and 8x8 inputs (8x8 pools down to 2x2)."""
     c, h, w = _image_shape("cnn", input_shape)
     convs = nn.Sequential(
-        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), FastMaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), FastMaxPool2d(2),
         nn.Flatten(),
     )
     body = nn.Sequential(*convs, nn.Linear(_flat_dim(convs, (c, h, w)), hidden), nn.ReLU())
@@ -119,8 +139,8 @@ def fedavgcnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     c, h, w = _image_shape("fedavgcnn", input_shape)
     pad = _five_by_five_padding(h, w)  # 2 only for inputs too small for two unpadded 5x5 convs
     convs = nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 32, 5, padding=pad), nn.ReLU(), FastMaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=pad), nn.ReLU(), FastMaxPool2d(2),
         nn.Flatten(),
     )
     body = nn.Sequential(*convs, nn.Linear(_flat_dim(convs, (c, h, w)), 512), nn.ReLU())
@@ -132,8 +152,8 @@ def simplecnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     c, h, w = _image_shape("simplecnn", input_shape)
     pad = _five_by_five_padding(h, w)  # same small-input rule as fedavgcnn
     convs = nn.Sequential(
-        nn.Conv2d(c, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 6, 5, padding=pad), nn.ReLU(), FastMaxPool2d(2),
+        nn.Conv2d(6, 16, 5, padding=pad), nn.ReLU(), FastMaxPool2d(2),
         nn.Flatten(),
     )
     body = nn.Sequential(
@@ -162,8 +182,8 @@ def mupflcnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """
     c, h, w = _image_shape("mupflcnn", input_shape)
     body = nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), ActivationGate(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), ActivationGate(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), ActivationGate(), FastMaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), ActivationGate(), FastMaxPool2d(2),
         nn.Flatten(),
     )
     return _split(body, (c, h, w), num_classes)
@@ -302,8 +322,8 @@ def protocnn(input_shape: tuple[int, ...], num_classes: int, channels: int = 20,
     c, h, w = _image_shape("protocnn", input_shape)
     small = _five_by_five_padding(h, w) > 0
     convs = nn.Sequential(
-        nn.Conv2d(c, 10, conv1_kernel, padding=conv1_kernel // 2 if small else 0), nn.MaxPool2d(2), nn.ReLU(),
-        nn.Conv2d(10, int(channels), 5, padding=2 if small else 0), nn.Dropout2d(), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(c, 10, conv1_kernel, padding=conv1_kernel // 2 if small else 0), FastMaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(10, int(channels), 5, padding=2 if small else 0), nn.Dropout2d(), FastMaxPool2d(2), nn.ReLU(),
         nn.Flatten(),
     )
     body = nn.Sequential(*convs, nn.Linear(_flat_dim(convs, (c, h, w)), feature_dim), nn.ReLU())

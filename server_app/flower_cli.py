@@ -105,20 +105,27 @@ def descendants(pid: int) -> list[int]:
 
 
 LS_EVERY_S = 30  # while the run's process lives, ask the SuperLink for the run's status this seldom
+START_LS_EVERY_S = 5  # and this seldom before its process has appeared
 
 
 def wait_for_run(runs_of: Callable[[], list[dict]], running: Callable[[], bool], timeout: float) -> list[dict]:
     """Wait until every run ``runs_of()`` lists has finished (or ``timeout`` s); returns them.
 
     ``runs_of`` asks ``flwr ls``: a new interpreter with Flower's imports, about 1 s of CPU, which,
-    asked every 2 s, took half a core from the clients being waited for. It is asked when
-    ``running()`` (a read of /proc: is the run's ServerApp process still there?) says no, i.e.
-    before it started and once it has ended, and otherwise every ``LS_EVERY_S`` seconds.
+    asked every 2 s, took half a core from the clients being waited for. ``running()`` (a read of
+    /proc: is the run's ServerApp process there?) decides when to ask: at once when the process has
+    gone, every ``LS_EVERY_S`` seconds while it lives, and every ``START_LS_EVERY_S`` seconds before
+    it has been seen at all (a run that fails before its process starts is still noticed; asked
+    every 0.5 s there, it took one to two seconds of CPU from the start-up itself).
     """
-    deadline = time.monotonic() + timeout
-    asked, runs = -float("inf"), []
+    start = time.monotonic()
+    deadline = start + timeout
+    asked, runs, seen = start, [], False
     while time.monotonic() < deadline:
-        if not running() or time.monotonic() - asked >= LS_EVERY_S:
+        alive = running()
+        seen = seen or alive
+        waited = time.monotonic() - asked
+        if (seen and not alive) or waited >= (LS_EVERY_S if seen else START_LS_EVERY_S):
             runs, asked = runs_of(), time.monotonic()
             if runs and all(str(r.get("status", "")).startswith("finished") for r in runs):
                 return runs
@@ -161,6 +168,26 @@ def stop(proc: subprocess.Popen, grace: float = 15) -> None:
     while time.monotonic() < deadline and any(_alive(p) for p in tree):
         time.sleep(0.2)
     _signal_all([p for p in tree if _alive(p)], signal.SIGKILL)
+
+
+def stop_matching(marker: str, grace: float = 3) -> list[int]:
+    """Stop every process whose command line holds ``marker`` (SIGTERM, then SIGKILL after ``grace``
+    s); returns their pids. For what ``stop`` cannot reach: a process its parent started while being
+    stopped, left to init (a ``flwr-simulation`` caught starting, waiting on a Ray head that is gone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+    _signal_all(found, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in found):
+        time.sleep(0.1)
+    _signal_all([p for p in found if _alive(p)], signal.SIGKILL)
+    return found
 
 
 def _stat_fields(pid: int) -> list[str]:

@@ -27,6 +27,10 @@ from server_app.staged_app import stage_app
 COMMAND_T0 = time.time()  # when this command started: start-up time is measured from here
 
 
+class RayHeadEnded(RuntimeError):
+    """The Ray head exited under a run (``RayHead.watch``); the run was stopped."""
+
+
 class LocalSimulationLink:
     """A private ``flower-superlink --simulation`` that this process starts and stops."""
 
@@ -42,6 +46,8 @@ class LocalSimulationLink:
         self.env.setdefault(TASK_POLL_ENV, FAST_TASK_POLL_S)
         self.proc = None
         self.app: Path | None = None  # the staged app that ``flwr run`` builds its FAB from
+        self.ray: RayHead | None = None
+        self.not_submitted = ""  # why ``flwr run`` started no run, when it did not
 
     def __enter__(self) -> LocalSimulationLink:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -55,20 +61,32 @@ class LocalSimulationLink:
                    "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(log_file),
                    "--disable-runtime-dependency-installation"]
             self.proc = fc.start(cmd, self.env, self.app_dir, self.home / "processes.log")  # its children's output
-            stack.callback(fc.stop, self.proc)  # stopped before Ray (last in, first out)
+            # stopped before Ray (last in, first out), then whatever of its runs' processes outlived it
+            stack.callback(fc.stop_matching, f"127.0.0.1:{self.port}")
+            stack.callback(fc.stop, self.proc)
             self.app = stage_app(self.app_dir, self.home / "app")  # flwr run's FAB build skips .venv (2.9 s)
             fc.wait_healthy(self.port, self.proc, log_file)
             ray.check_alive()
+            ray.watch(self._ray_ended)
+            self.ray = ray
             self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
+    def _ray_ended(self, reason: str) -> None:
+        """The Ray head died under a run: stop the SuperLink (and the simulation below it), so that
+        the launch ends with the reason instead of waiting for a cluster that is gone."""
+        print(f"error: {reason}; stopping the run", file=sys.stderr, flush=True)
+        fc.stop(self.proc, grace=5)
+
     def flwr(self, *args: str, timeout: float | None = None):
         return fc.flwr(*args, env=self.env, cwd=self.app_dir, timeout=timeout)
 
     def runs(self) -> list[dict]:
+        if self.ray is not None and self.ray.failure is not None:  # the SuperLink was stopped: nothing to ask
+            raise RayHeadEnded(self.ray.failure)
         return fc.list_runs(env=self.env, cwd=self.app_dir)
 
     def simulation_running(self) -> bool:
@@ -90,21 +108,36 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     try:
         with LocalSimulationLink(app_dir, home, started or time.time()) as link:
             args = ["run", str(link.app), "--run-config", fc.toml_overrides(config), "--federation-config", federation]
-            if stream:
-                fc.flwr_streamed(*args, "--stream", env=link.env, cwd=app_dir, timeout=timeout)
-                runs = link.runs()
-            else:  # flwr returns after submitting: wait for the run to finish
-                submitted = fc.flwr(*args, env=link.env, cwd=app_dir, capture=True, timeout=timeout)
-                if submitted.returncode != 0 or not link.runs():  # nothing to wait for
-                    return {"status": "not-submitted", "run_id": None, "summary": None, "min_replies": cfg["min-replies"],
-                            "results_dir": str(Path(config["results-dir"]) / config["run-name"]),
-                            "details": f"flwr run exited {submitted.returncode} without starting a run: "
-                                       + (submitted.stdout + submitted.stderr).strip()[-2000:]}
-                runs = _wait_finished(link, timeout)
+            runs, ray_failure = [], None
+            try:
+                runs = _submit_and_wait(link, args, app_dir, stream, timeout)
+            except RayHeadEnded as ended:
+                ray_failure = str(ended)
+            if runs is None:  # nothing to wait for
+                return {"status": "not-submitted", "run_id": None, "summary": None, "min_replies": cfg["min-replies"],
+                        "results_dir": str(Path(config["results-dir"]) / config["run-name"]),
+                        "details": link.not_submitted}
     finally:
         if flwr_home is None:
             shutil.rmtree(home, ignore_errors=True)
-    return {**fc.run_result(runs, config), "min_replies": cfg["min-replies"]}
+    result = {**fc.run_result(runs, config), "min_replies": cfg["min-replies"]}
+    if ray_failure is not None:
+        result.update(status="finished:failed", details=ray_failure)
+    return result
+
+
+def _submit_and_wait(link: LocalSimulationLink, args: list[str], app_dir: Path, stream: bool,
+                     timeout: float) -> list[dict] | None:
+    """``flwr run`` on the link; the runs once finished, or None if no run was submitted."""
+    if stream:
+        fc.flwr_streamed(*args, "--stream", env=link.env, cwd=app_dir, timeout=timeout)
+        return link.runs()
+    submitted = fc.flwr(*args, env=link.env, cwd=app_dir, capture=True, timeout=timeout)
+    if submitted.returncode != 0 or not link.runs():  # flwr returns after submitting; without a run, stop
+        link.not_submitted = (f"flwr run exited {submitted.returncode} without starting a run: "
+                              + (submitted.stdout + submitted.stderr).strip()[-2000:])
+        return None
+    return _wait_finished(link, timeout)
 
 
 def _wait_finished(link: LocalSimulationLink, timeout: float) -> list[dict]:

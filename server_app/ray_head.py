@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -46,10 +47,14 @@ class RayHead:
         self.address = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.temp_dir: str | None = None
+        self.failure: str | None = None  # why the head ended before it was stopped (``watch``)
+        self._stopping = threading.Event()
 
     def command(self, temp_dir: str) -> list[str]:
         ports = [arg for flag, port in zip(PORT_FLAGS, self.component_ports) for arg in (flag, str(port))]
-        return [fc.bin_path("ray"), "start", "--head", "--block",
+        # no autoscaler monitor (one fixed node; a Python process, 0.4 s of CPU in the start-up). The Ray
+        # Client server cannot be left out (``ray start`` starts one on 10001 unless given a port)
+        return [fc.bin_path("ray"), "start", "--head", "--block", "--no-monitor",
                 "--port", str(self.port), *ports, "--include-dashboard=false", "--disable-usage-stats",
                 "--num-cpus", str(os.cpu_count() or 1), "--temp-dir", temp_dir]
 
@@ -65,13 +70,35 @@ class RayHead:
         self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir=base)
         return self.temp_dir
 
+    def watch(self, on_exit, every: float = 0.5) -> None:
+        """Call ``on_exit(reason)`` once, from a thread, if ``ray start`` exits before this head is
+        stopped: the run's ``ray.init`` would otherwise wait for a cluster that is gone, and the
+        launch with it (a head that failed after its start, e.g. on a bad option, hung a launch)."""
+        def loop():
+            while not self._stopping.wait(every):
+                if self.proc.poll() is not None and not self._stopping.is_set():  # not our own stop
+                    self.failure = f"ray start exited with {self.proc.returncode}: {self.last_lines()}"
+                    on_exit(self.failure)
+                    return
+
+        threading.Thread(target=loop, name="ray-head-watch", daemon=True).start()
+
+    def last_lines(self, n: int = 3) -> str:
+        """The end of ``ray start``'s output (its log goes with a temporary FLWR_HOME)."""
+        try:
+            lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return f"no log at {self.log}"
+        return " | ".join(lines[-n:]) or "no output"
+
     def check_alive(self) -> None:
         """Fail now, with the log to read, if ``ray start`` has already exited (a joining ``ray.init``
         waits for a head that is still starting, so nothing waits for it to be ready)."""
         if self.proc.poll() is not None:
-            raise RuntimeError(f"ray start exited with {self.proc.returncode}; see {self.log}")
+            raise RuntimeError(f"ray start exited with {self.proc.returncode}: {self.last_lines()}")
 
     def __exit__(self, *exc) -> None:
+        self._stopping.set()
         if self.proc is not None:
             fc.stop(self.proc)
         if self.temp_dir is not None:

@@ -224,3 +224,50 @@ def test_a_ray_head_gets_distinct_ports_that_avoid_the_superlinks(tmp_path):
         chosen = [int(cmd[cmd.index(flag) + 1]) for flag in ("--port", *PORT_FLAGS)]
         assert len(set(chosen)) == len(chosen) == 1 + len(PORT_FLAGS) and head_port not in chosen
         assert head.address == f"127.0.0.1:{chosen[0]}"
+
+
+def test_waiting_for_a_run_does_not_ask_flwr_ls_while_the_run_is_starting(monkeypatch):
+    """Before the run's process appears (the start-up), ``flwr ls`` (1 s of CPU each) is asked at
+    most every START_LS_EVERY_S seconds; a run that never gets a process is still found finished."""
+    from server_app import launch
+
+    clock = [0.0]
+    monkeypatch.setattr(fc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(fc.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+
+    class Link:
+        def __init__(self, starts_at, ends_at):
+            self.starts_at, self.ends_at, self.asked_at = starts_at, ends_at, []
+
+        def simulation_running(self):
+            return self.starts_at <= clock[0] < self.ends_at
+
+        def runs(self):
+            self.asked_at.append(clock[0])
+            return [{"run-id": 1, "status": "finished:completed" if clock[0] >= self.ends_at else "starting"}]
+
+    link = Link(starts_at=3.0, ends_at=20.0)
+    assert launch._wait_finished(link, timeout=1000)[0]["status"] == "finished:completed"
+    assert link.asked_at == [20.0]  # nothing while it started (3 s) or ran; at once when it ended
+    clock[0] = 0.0
+    never = Link(starts_at=float("inf"), ends_at=12.0)  # fails before any process appears
+    assert launch._wait_finished(never, timeout=1000)[0]["status"] == "finished:completed"
+    assert never.asked_at == [5.0, 10.0, 15.0]
+
+
+def test_a_ray_head_that_dies_under_a_run_ends_the_launch_with_its_reason(tmp_path, monkeypatch):
+    """``ray start`` that exits after the start-up checks (here: 3 s in, with a message) used to
+    leave ``ray.init`` and the launch waiting for ever; the watch stops the run and says why."""
+    from server_app import ray_head
+
+    code = "import sys, time; time.sleep(3); print('head failed: bad option'); sys.exit(1)"
+    monkeypatch.setattr(ray_head.RayHead, "command", lambda self, temp_dir: [sys.executable, "-c", code])
+    start = time.monotonic()
+    result = simulate({"method": "fedavg", "dataset": "digits", "num-server-rounds": 1,
+                       "results-dir": str(tmp_path), "run-name": "no-ray"}, supernodes=2, app_dir=ROOT,
+                      stream=False, timeout=300, flwr_home=tmp_path / "home")
+    assert result["status"] == "finished:failed"
+    assert "ray start exited with 1" in result["details"] and "head failed: bad option" in result["details"]
+    assert time.monotonic() - start < 60
+    time.sleep(1)  # a process killed at the end may still be a zombie for a moment
+    assert not [p for p in _flower_processes(str(tmp_path / "home")) if "flwr" in p or "flower" in p]

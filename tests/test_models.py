@@ -123,3 +123,41 @@ def test_same_seed_same_init(name):
     torch.manual_seed(124)
     other = build_model(name, shape, 10).state_dict()
     assert not all(torch.equal(states[0][k], other[k]) for k in states[0])
+
+
+def _with_torch_pools(model: nn.Module) -> nn.Module:
+    """The same model (same weights) with every FastMaxPool2d swapped for PyTorch's own MaxPool2d."""
+    import copy
+
+    from fedcore.models import FastMaxPool2d
+
+    twin = copy.deepcopy(model)
+    for module in list(twin.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, FastMaxPool2d):
+                setattr(module, name, nn.MaxPool2d(child.kernel_size, child.stride, child.padding))
+    return twin
+
+
+@pytest.mark.parametrize("name,shape", [(n, s) for n, s in CASES if n not in FLAT])
+def test_fast_max_pool_gives_pytorchs_values_bit_for_bit(name, shape):
+    from fedcore.models import FastMaxPool2d
+
+    torch.manual_seed(1)
+    model = build_model(name, shape, num_classes=7).eval()
+    twin = _with_torch_pools(model)
+    x = torch.randn(5, *shape)
+    with torch.no_grad():  # the fast path
+        assert torch.equal(model(x), twin(x)) and torch.equal(model.features(x), twin.features(x))
+    x.requires_grad_(True)  # with gradients: PyTorch's own pool, the same gradients
+    model(x).sum().backward()
+    grad, x.grad = x.grad.clone(), None
+    twin(x).sum().backward()
+    assert torch.equal(grad, x.grad)
+    pool = FastMaxPool2d(2)
+    odd = torch.randn(3, 4, 7, 9)
+    odd[0, 0, 0, 0] = float("nan")
+    with torch.no_grad():  # an odd last row and column are dropped; NaN propagates (NaN != NaN: compared apart)
+        fast, ref = pool(odd), nn.MaxPool2d(2)(odd)
+    assert fast.shape == ref.shape == (3, 4, 3, 4)
+    assert torch.equal(fast.isnan(), ref.isnan()) and torch.equal(fast.nan_to_num(), ref.nan_to_num())
