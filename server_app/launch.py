@@ -133,7 +133,10 @@ def _submit_and_wait(link: LocalSimulationLink, args: list[str], app_dir: Path, 
         fc.flwr_streamed(*args, "--stream", env=link.env, cwd=app_dir, timeout=timeout)
         return link.runs()
     submitted = fc.flwr(*args, env=link.env, cwd=app_dir, capture=True, timeout=timeout)
-    if submitted.returncode != 0 or not link.runs():  # flwr returns after submitting; without a run, stop
+    # flwr returns after submitting; without a run, stop. Its own line says so; only without it is
+    # the SuperLink asked (``flwr ls``, 1 s of CPU in the middle of the start-up)
+    started = submitted.returncode == 0 and "Successfully started run" in submitted.stdout
+    if not started and (submitted.returncode != 0 or not link.runs()):
         link.not_submitted = (f"flwr run exited {submitted.returncode} without starting a run: "
                               + (submitted.stdout + submitted.stderr).strip()[-2000:])
         return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from server_app import flower_cli as fc
 
-PORT_FLAGS = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port",
+PORT_FLAGS = ("--dashboard-port", "--dashboard-agent-listen-port",
               "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port",
               "--node-manager-port", "--object-manager-port")
 
@@ -35,13 +36,23 @@ PORT_FLAGS = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent
 HEAD_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
 
 
+# ``ray start`` itself, without its Ray Client server: flwr-simulation joins through RAY_ADDRESS, not
+# ray://, and ``ray start`` has no option to leave the server out (it starts one on port 10001 when
+# grpc is installed and no port is given), so this run of its CLI sees no Ray Client dependencies.
+# The server and the autoscaler monitor (``--no-monitor``, one fixed node) were two Python processes
+# and 1.4 s of CPU in the start-up.
+START_WITHOUT_CLIENT_SERVER = ("import sys; import ray.scripts.scripts as cli; "
+                               "cli.get_ray_client_dependency_error = lambda: ImportError('not used here'); "
+                               "sys.argv[0] = 'ray'; sys.exit(cli.main())")
+
+
 class RayHead:
     """``ray start --head --block`` with free ports and its own session folder; a context manager."""
 
     def __init__(self, env: dict, cwd: Path, log: Path, avoid_ports: tuple[int, ...] = ()):
         self.env, self.cwd, self.log = env, cwd, log
-        # every port a head listens on is a free one (``ray start`` has fixed defaults for some, e.g.
-        # the Ray Client server's 10001), so launches side by side do not collide; all distinct, and
+        # every port a head listens on is a free one (``ray start`` has fixed defaults for some), so
+        # launches side by side do not collide; all distinct, and
         # none of ``avoid_ports`` (the SuperLink's, chosen but not yet bound)
         self.port, *self.component_ports = fc.free_ports(1 + len(PORT_FLAGS), exclude=avoid_ports)
         self.address = f"127.0.0.1:{self.port}"
@@ -52,9 +63,8 @@ class RayHead:
 
     def command(self, temp_dir: str) -> list[str]:
         ports = [arg for flag, port in zip(PORT_FLAGS, self.component_ports) for arg in (flag, str(port))]
-        # no autoscaler monitor (one fixed node; a Python process, 0.4 s of CPU in the start-up). The Ray
-        # Client server cannot be left out (``ray start`` starts one on 10001 unless given a port)
-        return [fc.bin_path("ray"), "start", "--head", "--block", "--no-monitor",
+        # no autoscaler monitor (one fixed node) and no Ray Client server (``START_WITHOUT_CLIENT_SERVER``)
+        return [sys.executable, "-c", START_WITHOUT_CLIENT_SERVER, "start", "--head", "--block", "--no-monitor",
                 "--port", str(self.port), *ports, "--include-dashboard=false", "--disable-usage-stats",
                 "--num-cpus", str(os.cpu_count() or 1), "--temp-dir", temp_dir]
 
