@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import ClientMethod, EvalResult
-from clients.training import class_means, cross_entropy, evaluate_model, extract_features
+from clients.training import class_means, cross_entropy, evaluate_features, extract_features
 from fedcore import wire
 from fedstrategies.fedproto import HAS_PROTOTYPES
 
@@ -54,9 +54,9 @@ class FedProtoClient(ClientMethod):
     def evaluate(self, content):
         model = self.load_model()
         protos = self._global_protos(content)
-        loss, correct, n = evaluate_model(model, self.data.x_test, self.data.y_test)
+        loss, correct, n, test_feats = evaluate_features(model, self.data.x_test, self.data.y_test)
         if protos is not None:  # FedProto's inference: the class of the nearest global prototype
             ids, feats = protos
-            dist = torch.cdist(extract_features(model, self.data.x_test), feats)
+            dist = torch.cdist(test_feats, feats)
             correct = int((ids[dist.argmin(1)] == self.data.y_test).sum())
         return EvalResult(loss, correct, n)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients.base import ClientMethod, EvalResult
-from clients.training import class_means, evaluate_model, extract_features
+from clients.training import class_means, evaluate_features, extract_features
 from fedcore import wire
 from fedcore.models import resolve_model_name, seed_torch, seeded_model
 from fedstrategies.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL, heterogeneous_kwargs
@@ -237,7 +237,7 @@ class PFedPMClient(ClientMethod):
 
     def evaluate(self, content):
         model = self.load_model(MODEL)
-        loss, correct, n = evaluate_model(model, self.data.x_test, self.data.y_test)
+        loss, correct, n, h = evaluate_features(model, self.data.x_test, self.data.y_test)
         relation = self.load_relation(model.feature_dim)
         mixed = self._stored(MIXED_FEATURES)
         if mixed is None:  # never trained: the current body's own class features
@@ -246,7 +246,6 @@ class PFedPMClient(ClientMethod):
         relation_correct = 0
         if n and len(ids):
             relation.eval()
-            h = extract_features(model, self.data.x_test)
             chunk = max(1, MAX_PAIR_VALUES // (len(ids) * model.feature_dim))
             with torch.no_grad():
                 pred = torch.cat([ids[relation.scores(h[s:s + chunk], feats).argmax(1)]

@@ -118,6 +118,19 @@ def evaluate_logits(logits_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.
 
 
 @torch.no_grad()
+def evaluate_features(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      batch_size: int = 2048) -> tuple[float, int, int, torch.Tensor]:
+    """``evaluate_model`` and the body's features of ``x`` from one pass through the body, for methods
+    that also classify by features (FedProto's nearest prototype, pFedPM's relation module). The
+    logits are the model's own decision module on those features (``classify`` where the model has
+    dropout before its head, inactive here), so loss and accuracy equal ``evaluate_model``'s."""
+    model.eval()
+    feats = extract_features(model, x, batch_size)
+    loss, correct, n = evaluate_logits(getattr(model, "classify", model.head), feats, y, batch_size)
+    return loss, correct, n, feats
+
+
+@torch.no_grad()
 def extract_features(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
     """Body outputs for all of x, in eval mode."""
     model.eval()

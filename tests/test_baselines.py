@@ -163,3 +163,21 @@ def test_fedproto_predicts_by_nearest_global_prototype(tmp_path):
     dist = torch.cdist(feats, means)
     assert good.correct == int((ids[dist.argmin(1)] == client.data.y_test).sum())
     assert good.correct > bad.correct
+
+
+@pytest.mark.parametrize("name", ["protocnn", "fedavgcnn", "dnn"])
+def test_one_body_pass_gives_the_same_evaluation_and_features(name):
+    """FedProto and pFedPM score the model and classify by features from one body pass
+    (``evaluate_features``): loss and accuracy equal ``evaluate_model``'s, features
+    ``extract_features``'; protocnn has dropout before its head, inactive in evaluation."""
+    from clients.training import evaluate_features, evaluate_model, extract_features
+    from fedcore.models import build_model
+
+    torch.manual_seed(0)
+    shape = (60,) if name == "dnn" else (1, 28, 28)
+    model = build_model(name, shape, 10)
+    model.train()  # evaluation must switch dropout off itself
+    x, y = torch.randn(37, *shape), torch.randint(0, 10, (37,))
+    loss, correct, n, feats = evaluate_features(model, x, y, batch_size=16)  # several batches
+    assert (loss, correct, n) == evaluate_model(model, x, y, batch_size=16)
+    assert torch.equal(feats, extract_features(model, x, batch_size=16))
