@@ -21,8 +21,8 @@ from clients.base import ClientEnv, message_seed, set_client_threads
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import seed_torch
-from fedcore.schema_cache import cached_schema
 from fedcore.registry import get_method
+from fedcore.schema_cache import cached_schema
 
 app = ClientApp()
 
