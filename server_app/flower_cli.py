@@ -170,15 +170,18 @@ def stop(proc: subprocess.Popen, grace: float = 15) -> None:
     _signal_all([p for p in tree if _alive(p)], signal.SIGKILL)
 
 
-def stop_matching(marker: str, grace: float = 3) -> list[int]:
-    """Stop every process whose command line holds ``marker`` (SIGTERM, then SIGKILL after ``grace``
-    s); returns their pids. For what ``stop`` cannot reach: a process its parent started while being
-    stopped, left to init (a ``flwr-simulation`` caught starting, waiting on a Ray head that is gone)."""
-    found = []
+def stop_matching(marker: str, env_entry: str, grace: float = 3) -> list[int]:
+    """Stop every process whose command line holds ``marker`` and whose environment holds the entry
+    ``env_entry`` (``KEY=value``, exactly), SIGTERM then SIGKILL after ``grace`` s; returns their
+    pids. For what ``stop`` cannot reach: a process its parent started while being stopped, left to
+    init (a ``flwr-simulation`` caught starting, waiting on a Ray head that is gone). Both must
+    match, so that a port number reused by another launch never selects that launch's processes."""
+    found, entry_bytes = [], b"\0" + env_entry.encode() + b"\0"
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                if (marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes()
+                        and entry_bytes in b"\0" + Path(f"/proc/{entry}/environ").read_bytes()):
                     found.append(int(entry))
             except OSError:
                 continue

@@ -62,7 +62,7 @@ class LocalSimulationLink:
                    "--disable-runtime-dependency-installation"]
             self.proc = fc.start(cmd, self.env, self.app_dir, self.home / "processes.log")  # its children's output
             # stopped before Ray (last in, first out), then whatever of its runs' processes outlived it
-            stack.callback(fc.stop_matching, f"127.0.0.1:{self.port}")
+            stack.callback(fc.stop_matching, f"127.0.0.1:{self.port}", f"FLWR_HOME={self.env['FLWR_HOME']}")
             stack.callback(fc.stop, self.proc)
             self.app = stage_app(self.app_dir, self.home / "app")  # flwr run's FAB build skips .venv (2.9 s)
             fc.wait_healthy(self.port, self.proc, log_file)

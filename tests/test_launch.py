@@ -271,3 +271,19 @@ def test_a_ray_head_that_dies_under_a_run_ends_the_launch_with_its_reason(tmp_pa
     assert time.monotonic() - start < 60
     time.sleep(1)  # a process killed at the end may still be a zombie for a moment
     assert not [p for p in _flower_processes(str(tmp_path / "home")) if "flwr" in p or "flower" in p]
+
+
+def test_stop_matching_needs_both_the_command_line_and_the_environment(tmp_path):
+    """The sweep after a SuperLink's stop selects by its address and its FLWR_HOME together: a
+    process of another launch that reuses the port number (other FLWR_HOME) is left alone."""
+    code = "import time; time.sleep(60)"
+    ours = subprocess.Popen([sys.executable, "-c", code, "127.0.0.1:45678"],
+                            env={**os.environ, "FLWR_HOME": str(tmp_path / "a")})
+    other = subprocess.Popen([sys.executable, "-c", code, "127.0.0.1:45678"],
+                             env={**os.environ, "FLWR_HOME": str(tmp_path / "a-other")})
+    try:
+        assert fc.stop_matching("127.0.0.1:45678", f"FLWR_HOME={tmp_path / 'a'}") == [ours.pid]
+        assert ours.wait(timeout=10) is not None and other.poll() is None
+    finally:
+        other.kill()
+        ours.kill()
