@@ -5,10 +5,12 @@ has started; starting Ray's GCS, raylet and agents then took 3 to 4 s of the 12 
 after everything else. ``ray.init()`` joins the cluster named by ``RAY_ADDRESS`` instead of starting
 one, so the launcher starts ``ray start --head --block`` first and hands its address down (SuperLink
 -> SuperExec -> ``flwr-simulation``); Ray then boots while the SuperLink starts, the app is staged and
-the run is submitted (``ray.init`` waits for a head that is still starting). ``--block`` keeps the command in the foreground: stopping it stops every Ray
-process it started, so nothing outlives the launch. The cluster has what ``ray.init()`` would have
-found (all cores and GPUs), and Flower's init arguments that a joining driver may pass (logging
-level, log to driver) still apply.
+the run is submitted (``ray.init`` waits for a head that is still starting). ``--block`` keeps the
+command in the foreground: stopping it stops every Ray process it started, so nothing outlives the
+launch, and ``watch`` ends a run whose head died under it. The cluster has what ``ray.init()`` would
+have found (all cores and GPUs), without what a one-node simulation never uses (idle prestarted
+workers, the autoscaler monitor, the Ray Client server), and Flower's init arguments that a joining
+driver may pass (logging level, log to driver) still apply.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ class RayHead:
     def __init__(self, env: dict, cwd: Path, log: Path, avoid_ports: tuple[int, ...] = ()):
         self.env, self.cwd, self.log = env, cwd, log
         # every port a head listens on is a free one (``ray start`` has fixed defaults for some), so
-        # launches side by side do not collide; all distinct, and
-        # none of ``avoid_ports`` (the SuperLink's, chosen but not yet bound)
+        # launches side by side do not collide; all distinct, and none of ``avoid_ports`` (the
+        # SuperLink's, chosen but not yet bound)
         self.port, *self.component_ports = fc.free_ports(1 + len(PORT_FLAGS), exclude=avoid_ports)
         self.address = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
