@@ -57,12 +57,15 @@ def source_digest(roots: list[Path] | None = None) -> str:
 
 
 def cache_dir() -> Path | None:
+    """``$PFL_SCHEMA_CACHE``, else ``~/.cache/pfl-flower/schema``; None when the cache is off."""
     chosen = os.environ.get(CACHE_ENV)
     if chosen == "0":
         return None
     if chosen:
         return Path(chosen).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pfl-flower" / "schema"
+    from partitions.datasets import DEFAULT_DATA_DIR  # the project's cache folder, as the partition cache's
+
+    return Path(DEFAULT_DATA_DIR).expanduser() / "schema"
 
 
 def _decode(entry: dict) -> Key:

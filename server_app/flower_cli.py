@@ -152,6 +152,13 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
+def _kill_left(pids: list[int], deadline: float) -> None:
+    """Wait until ``deadline`` for ``pids`` (already sent SIGTERM) to end; SIGKILL those still alive."""
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    _signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
+
+
 def stop(proc: subprocess.Popen, grace: float = 15) -> None:
     """Stop ``proc``, its process group and every descendant (SIGTERM, then SIGKILL after ``grace`` s)."""
     if proc.poll() is not None:
@@ -165,9 +172,7 @@ def stop(proc: subprocess.Popen, grace: float = 15) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    while time.monotonic() < deadline and any(_alive(p) for p in tree):
-        time.sleep(0.2)
-    _signal_all([p for p in tree if _alive(p)], signal.SIGKILL)
+    _kill_left(tree, deadline)
 
 
 def stop_matching(marker: str, env_entry: str, grace: float = 3) -> list[int]:
@@ -186,10 +191,7 @@ def stop_matching(marker: str, env_entry: str, grace: float = 3) -> list[int]:
             except OSError:
                 continue
     _signal_all(found, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(p) for p in found):
-        time.sleep(0.1)
-    _signal_all([p for p in found if _alive(p)], signal.SIGKILL)
+    _kill_left(found, time.monotonic() + grace)
     return found
 
 

@@ -89,11 +89,14 @@ class RayHead:
         def loop():
             while not self._stopping.wait(every):
                 if self.proc.poll() is not None and not self._stopping.is_set():  # not our own stop
-                    self.failure = f"ray start exited with {self.proc.returncode}: {self.last_lines()}"
+                    self.failure = self._exit_reason()
                     on_exit(self.failure)
                     return
 
         threading.Thread(target=loop, name="ray-head-watch", daemon=True).start()
+
+    def _exit_reason(self) -> str:
+        return f"ray start exited with {self.proc.returncode}: {self.last_lines()}"
 
     def last_lines(self, n: int = 3) -> str:
         """The end of ``ray start``'s output (its log goes with a temporary FLWR_HOME)."""
@@ -107,7 +110,7 @@ class RayHead:
         """Fail now, with the log to read, if ``ray start`` has already exited (a joining ``ray.init``
         waits for a head that is still starting, so nothing waits for it to be ready)."""
         if self.proc.poll() is not None:
-            raise RuntimeError(f"ray start exited with {self.proc.returncode}: {self.last_lines()}")
+            raise RuntimeError(self._exit_reason())
 
     def __exit__(self, *exc) -> None:
         self._stopping.set()
