@@ -273,8 +273,13 @@ class PersonalizedStrategy(Strategy):
         """The strategy's state between rounds: ``checkpoint_attrs`` plus what the base tracks.
 
         The values are the live objects (no copies: a method may hold one model per client);
-        serialise the result before the strategy changes again, as the checkpoint writer does."""
-        state = {name: getattr(self, name) for name in self.checkpoint_attrs}
+        serialise the result before the strategy changes again, as the checkpoint writer does.
+        An attribute with ``state_dict``/``load_state_dict`` (a model, an optimiser) is saved as its
+        ``state_dict()``, since checkpoints hold data, not objects (server_app/checkpoints.py)."""
+        state = {}
+        for name in self.checkpoint_attrs:
+            value = getattr(self, name)
+            state[name] = value.state_dict() if _stateful(value) else value
         base = {"dropped": list(self.dropped), "state_lost": list(self.state_lost),
                 "state_round": dict(self._state_round)}
         if "torch_generator" in self.__dict__:
@@ -282,9 +287,14 @@ class PersonalizedStrategy(Strategy):
         return {"method": state, "base": base}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a ``state_dict`` (freshly unpickled from a checkpoint, so not shared)."""
+        """Continue from a ``state_dict`` (freshly read from a checkpoint, so not shared); an
+        attribute with ``load_state_dict`` is loaded in place."""
         for name, value in state["method"].items():
-            setattr(self, name, value)
+            current = getattr(self, name, None)
+            if _stateful(current):
+                current.load_state_dict(value)
+            else:
+                setattr(self, name, value)
         base = state["base"]
         self.dropped, self.state_lost = list(base["dropped"]), list(base["state_lost"])
         self._state_round = dict(base["state_round"])
@@ -566,6 +576,11 @@ def _nonfinite(array: np.ndarray) -> tuple[str | None, float]:
     if not np.isfinite(flat).all():
         return "contains NaN or Inf", squared
     return "holds values so large that its norm overflows", squared
+
+
+def _stateful(value) -> bool:
+    """Whether ``value`` saves and loads its own state (a torch module or optimiser, FedFCD's head)."""
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 
 def _finite_tree(value) -> bool:

@@ -6,6 +6,8 @@ The GFR side of the server rule (Eq. 5) is the shared per-class feature mean in
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -14,8 +16,8 @@ from fedcore.models import one_torch_thread
 
 
 class GlobalHead:
-    """phi_g = Linear(d, C) with its own SGD optimiser, kept together so that a deep copy (a
-    checkpoint) keeps the optimiser bound to this head's parameters.
+    """phi_g = Linear(d, C) with its own SGD optimiser, kept together so that restoring a checkpoint
+    (``load_state_dict``) restores both and keeps the optimiser bound to this head's parameters.
 
     Parameters
     ----------
@@ -35,8 +37,15 @@ class GlobalHead:
         self.optimizer = torch.optim.SGD(self.linear.parameters(), lr=lr, momentum=momentum)
 
     def state_dict(self) -> dict:
-        """The head's parameters and its optimiser's state (to compare or inspect a checkpoint)."""
-        return {"linear": self.linear.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """The head's parameters and its optimiser's state, as copies in plain dicts (a checkpoint's
+        data: torch's own state dicts are OrderedDicts with metadata, which checkpoints refuse)."""
+        return {"linear": {k: v.clone() for k, v in self.linear.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a ``state_dict``; the optimiser stays bound to this head's parameters."""
+        self.linear.load_state_dict(state["linear"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The head as numpy arrays (copies): ``weight`` (C, d) and ``bias`` (C,)."""

@@ -13,6 +13,7 @@ done outside it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
@@ -90,7 +91,10 @@ def _resume_point(cfg: Config) -> tuple[object, dict | None]:
     folder = run_folder(cfg)
     if not cfg["resume"]:
         return folder, None
-    checkpoint = checkpoints.latest(folder)
+    try:
+        checkpoint = checkpoints.latest(folder)
+    except checkpoints.CheckpointError as err:  # files there, none usable: stop rather than start over
+        raise StartupError(f"resume: {err}") from None
     if checkpoint is None:
         raise StartupError(f"resume: no readable checkpoint in {folder / checkpoints.FOLDER}")
     changed = checkpoints.config_changes(checkpoint["config"], cfg.to_dict())
@@ -133,7 +137,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     timeout = cfg["round-timeout"]
     first_round = 1
     if checkpoint is not None:
-        _check_same_clients(clients, checkpoint["clients"])
+        _check_same_clients(clients, {pid: ClientInfo(**info) for pid, info in checkpoint["clients"].items()})
         strategy.load_state_dict(checkpoint["strategy"])
         strategy.run_token = checkpoint["token"]
         first_round = checkpoint["round"] + 1
@@ -144,7 +148,8 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     def save_checkpoint(server_round: int) -> None:
         checkpoints.save(writer.dir, server_round, {
             "token": strategy.run_token, "strategy": strategy.state_dict(), "writer": writer.state(),
-            "config": cfg.to_dict(), "clients": clients}, cfg["checkpoint-keep"])
+            "config": cfg.to_dict(), "clients": {pid: dataclasses.asdict(info) for pid, info in clients.items()}},
+            cfg["checkpoint-keep"])
 
     # round 0: the preparation phase, for methods that ask for one
     start = time.monotonic()

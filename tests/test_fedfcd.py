@@ -24,6 +24,7 @@ from fedcore.models import model_facts
 from fedstrategies.base import ClientInfo, ClientReply
 from fedstrategies.fedfcd import GLOBAL_HEAD, HPARAMS, FedFCDStrategy
 from fedstrategies.fedfcd_math import GlobalHead
+from server_app import checkpoints
 from tests.conftest import small_config
 from tests.test_baselines import _spy  # records every (request, reply) pair
 
@@ -613,7 +614,7 @@ def test_a_corrupted_reply_in_a_federation_is_dropped_and_the_run_goes_on(federa
 def test_checkpoint_restores_head_optimiser_generator_and_gfrs():
     strategy = _strategy(num_clients=4)
     strategy.aggregate(1, _replies(strategy, 0))
-    state = strategy.state_dict()
+    state = checkpoints.decode(checkpoints.encode(strategy.state_dict()))  # as a checkpoint file holds it
     strategy.aggregate(2, _replies(strategy, 1))
     resumed = _strategy(num_clients=4)
     resumed.load_state_dict(state)

@@ -18,9 +18,11 @@ from clients.training import evaluate_model
 from fedcore import wire
 from fedcore.config import Key
 from fedcore.models import seeded_model
+from fedcore.registry import Method
 from fedstrategies.base import PersonalizedStrategy
 
 HPARAMS = {"steps": Key(3, "SGD steps per round", low=1)}
+METHOD = Method("toy", "test method", "tests.toy_method:ToyStrategy", "tests.toy_method:ToyClient")  # REGISTRY["toy"]
 RECORD = "toy"
 STEPS_TAG = "steps-so-far"
 

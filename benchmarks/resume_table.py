@@ -1,0 +1,85 @@
+"""Resume after SIGKILL, every method, through a real ``flwr run``: the table in docs/reliability.md.
+
+    python -m benchmarks.resume_table [--methods fedavg,ditto] [--supernodes 3] [--rounds 4]
+
+For each method (``benchmarks.reliability.resume_run``): an uninterrupted run; the same run with its
+simulation process (ServerApp and Ray driver) killed with SIGKILL as soon as round ``rounds - 2`` has
+logged (the kill lands in a later round); the same command again with ``resume=true``. "equal
+metrics": every rounds.csv column but the timings is the uninterrupted run's. The doc's "Resume
+after SIGKILL" section is replaced (the rest of the doc is kept) and names the commit and settings
+it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.reliability import ROOT, resume_lines, resume_run
+
+HEADING = "## Resume after SIGKILL"
+
+
+def replace_section(text: str, section: str) -> str:
+    """``text`` with its HEADING section (up to the next ``## `` heading) replaced by ``section``;
+    appended when there is none, under a title when the doc is new."""
+    start = text.find(HEADING)
+    if start < 0:
+        return (text.rstrip() + "\n\n" if text.strip() else "# Reliability\n\n") + section
+    end = text.find("\n## ", start + len(HEADING))
+    return text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
+
+
+def _commit() -> str:
+    """The commit the runs came from (``-dirty`` when the working tree had uncommitted changes)."""
+    out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True,
+                         text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", default="", help="comma-separated; default: every registered method")
+    parser.add_argument("--supernodes", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "reliability.md")
+    args = parser.parse_args(argv)
+    import flwr
+    import torch
+
+    from fedcore.registry import REGISTRY
+
+    methods = args.methods.split(",") if args.methods else list(REGISTRY)
+    rows, started = [], time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="resume-table-") as results:
+        for i, method in enumerate(methods, 1):
+            t0 = time.monotonic()
+            print(f"[{i}/{len(methods)}] {method}: uninterrupted, killed, resumed ...", flush=True)
+            rows.append(resume_run(method, Path(results), supernodes=args.supernodes, rounds=args.rounds))
+            print(f"[{i}/{len(methods)}] {rows[-1]} ({time.monotonic() - t0:.0f} s)", flush=True)
+    section = "\n".join([
+        HEADING, "",
+        f"Every method through a real `flwr run` (Ray simulation, {args.supernodes} SuperNodes, dataset digits, "
+        f"default partition and seed, {args.rounds} rounds): an uninterrupted run; the same run with its "
+        f"simulation process (ServerApp and Ray driver) killed with SIGKILL as soon as round {args.rounds - 2} "
+        "had logged (the kill lands in a later round; \"resumed from\" names the checkpoint that was left); the "
+        "same command again with `resume=true`. "
+        "\"equal metrics\": every rounds.csv column but the timings (accuracies, losses, bytes, replies, "
+        "method metrics) equals the uninterrupted run's. Written by `python -m benchmarks.resume_table` "
+        f"at commit {_commit()} (flwr {flwr.__version__}, torch {torch.__version__}) in "
+        f"{(time.monotonic() - started) / 60:.0f} min; the long test "
+        "`test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result` checks the same for every method.",
+        "", *resume_lines(rows), ""])
+    doc = args.doc
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(replace_section(doc.read_text() if doc.exists() else "", section))
+    print(section)
+    return 0 if all(r["equal_to_uninterrupted"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
