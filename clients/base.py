@@ -152,7 +152,7 @@ class ClientEnv:
     def lr(self) -> float:
         """This message's learning rate: the strategy's ``lr`` config value if it sent one (a decay
         schedule), else the run config's ``lr``."""
-        return float(self.config.get("lr", self.cfg["lr"]))
+        return float(self.config.get(wire.LR, self.cfg["lr"]))
 
     def generator(self, tag: int = 0) -> torch.Generator:
         """A CPU generator seeded by (seed, client, round, tag): reproducible shuffles per client and round."""

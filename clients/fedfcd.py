@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from clients.base import ClientMethod, EvalResult
 from clients.training import class_means, evaluate_logits, extract_features
 from fedcore import wire
-from fedstrategies.fedfcd import GLOBAL_HEAD
+from fedcore.contracts.fedfcd import ALIGNMENT_LOSS, GLOBAL_HEAD, HEAD_LOSS
 
 
 @dataclass(frozen=True)
@@ -155,9 +155,9 @@ class FedFCDClient(ClientMethod):
             for epoch in range(alternations):
                 parts.clear()
                 loss = self.stage_a(model, known, opt_theta, tag=2 * epoch, parts=parts, **budget)
-                metrics["head-loss"] = self.stage_b(model, known, opt_phi, tag=2 * epoch + 1, **budget)
+                metrics[HEAD_LOSS] = self.stage_b(model, known, opt_phi, tag=2 * epoch + 1, **budget)
         if parts:
-            metrics["alignment-loss"] = float(torch.stack(parts).mean())
+            metrics[ALIGNMENT_LOSS] = float(torch.stack(parts).mean())
         return {wire.TRAIN_LOSS: loss, **{wire.METHOD_METRIC_PREFIX + k: v for k, v in metrics.items()}}
 
     # ------------------------------------------------------------ the message handlers

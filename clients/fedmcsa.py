@@ -20,7 +20,7 @@ import torch
 from clients.base import ClientMethod, EvalResult
 from clients.training import LossFn, cross_entropy, evaluate_model, proximal_term
 from fedcore import wire
-from fedstrategies.fedmcsa import RECEIVE, UPLOAD
+from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
 
 MODEL = "model"
 CENTRE = "centre"

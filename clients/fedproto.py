@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from clients.base import ClientMethod, EvalResult
 from clients.training import class_means, cross_entropy, evaluate_features, extract_features
 from fedcore import wire
-from fedstrategies.fedproto import HAS_PROTOTYPES
+from fedcore.contracts.fedproto import HAS_PROTOTYPES
 
 
 class FedProtoClient(ClientMethod):
@@ -49,7 +49,7 @@ class FedProtoClient(ClientMethod):
         ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
                                          self.data.num_classes)
         return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
-                                                             counts.cpu().numpy())}, {"train-loss": loss}
+                                                             counts.cpu().numpy())}, {wire.TRAIN_LOSS: loss}
 
     def evaluate(self, content):
         model = self.load_model()

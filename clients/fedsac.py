@@ -25,7 +25,7 @@ from torch.nn.utils import parameters_to_vector
 from clients.base import ClientMethod, EvalResult
 from clients.training import evaluate_model, extract_features
 from fedcore import wire
-from fedstrategies.fedsac import BASIS, REFERENCE, REGULARISER, SUBSPACE
+from fedcore.contracts.fedsac import AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCAL_ACC, REFERENCE, REGULARISER, SUBSPACE
 
 MODEL = "model"  # client state: the last locally trained model theta_i
 
@@ -87,7 +87,7 @@ class FedSaCClient(ClientMethod):
         self.save_model(model, MODEL)
         drift = float(F.cosine_similarity(parameters_to_vector(model.parameters()).detach(), received, dim=0))
         return ({wire.WEIGHTS: wire.pack_arrays(model.state_dict()), SUBSPACE: wire.pack_arrays({BASIS: basis})},
-                {wire.TRAIN_LOSS: loss, wire.METHOD_METRIC_PREFIX + "cos-to-received": drift})
+                {wire.TRAIN_LOSS: loss, wire.METHOD_METRIC_PREFIX + COS_TO_RECEIVED: drift})
 
     def evaluate(self, content):
         """Both personalised models: theta_i after the client's last local training (kept in its state;
@@ -96,5 +96,6 @@ class FedSaCClient(ClientMethod):
         scores = {"local": evaluate_model(self.load_model(MODEL), self.data.x_test, self.data.y_test),
                   "aggregated": evaluate_model(self.model_from(content, wire.WEIGHTS), self.data.x_test,
                                                self.data.y_test)}
-        metrics = {f"{name}-acc": correct / max(n, 1) for name, (_, correct, n) in scores.items()}
+        acc = {name: correct / max(n, 1) for name, (_, correct, n) in scores.items()}
+        metrics = {LOCAL_ACC: acc["local"], AGGREGATED_ACC: acc["aggregated"]}
         return EvalResult(*scores[self.hp["eval-model"]], metrics=metrics)

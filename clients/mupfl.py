@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from clients import bavd as bavd_rules
 from clients.base import ClientEnv, ClientMethod, EvalResult
 from clients.training import evaluate_model
+from fedcore import class_gradients as cg
 from fedcore import wire
+from fedcore.contracts.mupfl import BAVD_KEEP, FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 from fedcore.models import HEAD_PREFIX, bavd_map_shapes, bavd_sites
-from fedstrategies import mupfl_math as mm
-from fedstrategies.mupfl import FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 
 MODEL = "model"  # state: the latest post-training model
 BAVD_MAPS = "bavd-maps"  # state: the activation maps, keys "0", "1", ...
@@ -62,7 +63,7 @@ class BAVD:
         env.save_scalars(BAVD_COUNTERS, {"steps": self.steps, "previous-loss": self.previous_loss})
 
     def _refresh_masks(self) -> None:
-        self.masks = [mm.bavd_mask(m) for m in self.maps]
+        self.masks = [bavd_rules.bavd_mask(m) for m in self.maps]
         self._drops = [not bool(mask.all()) for mask in self.masks]
 
     def _hook(self, i: int):
@@ -78,8 +79,8 @@ class BAVD:
     def after_step(self, _step: int, loss: torch.Tensor, _batch) -> None:
         """Map update after the optimiser step, with this batch's loss (mupfl.md 3.3c)."""
         loss = float(loss)
-        psi = mm.loss_change(self.previous_loss, loss, self.psi_sign) if self.steps > 0 else 0.0
-        self.maps = [mm.update_map(m, r, self.steps, psi) for m, r in zip(self.maps, self._batch_means)]
+        psi = bavd_rules.loss_change(self.previous_loss, loss, self.psi_sign) if self.steps > 0 else 0.0
+        self.maps = [bavd_rules.update_map(m, r, self.steps, psi) for m, r in zip(self.maps, self._batch_means)]
         self.previous_loss = loss
         self.steps += 1
         self._refresh_masks()
@@ -109,7 +110,7 @@ class MuPFLClient(ClientMethod):
         touched (only the head's parameters are in the optimiser, and H never enters the body)."""
         features = wire.unpack_arrays(content[FEATURES])["features"]
         H = torch.tensor(features, device=self.env.device)  # a copy of the read-only view
-        labels = mm.synthetic_labels(self.data.num_classes, self.hp["features-per-class"], self.env.device)
+        labels = cg.synthetic_labels(self.data.num_classes, self.hp["features-per-class"], self.env.device)
         if len(H) != len(labels):
             raise ValueError(f"federated features have {len(H)} rows, expected {len(labels)}")
         self.train(model.head, x=H, y=labels, epochs=self.hp["head-epochs"], tag=tag)
@@ -132,7 +133,7 @@ class MuPFLClient(ClientMethod):
         model.eval()
         with torch.no_grad():
             h = model.features(x)
-        return mm.class_gradients(h, y, head["weight"], head["bias"], self.data.num_classes)
+        return cg.class_gradients(h, y, head["weight"], head["bias"], self.data.num_classes)
 
     # ------------------------------------------------------------------ round
     def fit(self, content):
@@ -156,7 +157,7 @@ class MuPFLClient(ClientMethod):
             bavd.recording = False
             if bavd.maps:
                 upload[MAPS] = wire.pack_arrays({str(i): m for i, m in enumerate(bavd.maps)})
-            metrics[wire.METHOD_METRIC_PREFIX + "bavd-keep"] = bavd.keep_fraction()
+            metrics[wire.METHOD_METRIC_PREFIX + BAVD_KEEP] = bavd.keep_fraction()
             bavd.save(self.env)
             if not hp["bavd-at-eval"]:  # the gradients below see the model as it is evaluated
                 bavd.remove()

@@ -27,8 +27,8 @@ from torch import nn
 from clients.base import ClientMethod, EvalResult
 from clients.training import class_means, evaluate_features, extract_features
 from fedcore import wire
-from fedcore.models import resolve_model_name, seed_torch, seeded_model
-from fedstrategies.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL, heterogeneous_kwargs
+from fedcore.contracts.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, RELATION_ACC, RELATION_LOSS
+from fedcore.models import heterogeneous_kwargs, resolve_model_name, seed_torch, seeded_model
 
 # client state names
 MODEL, RELATION = "model", "relation"
@@ -229,8 +229,8 @@ class PFedPMClient(ClientMethod):
         self._store(MIXED_FEATURES, ids, mixed)
         metrics = {
             wire.TRAIN_LOSS: loss,
-            "m.relation-loss": float(torch.stack(relation_log).mean()) if relation_log else 0.0,
-            "m.feature-reg": float(torch.stack(reg_log).mean()) if reg_log else 0.0,
+            wire.METHOD_METRIC_PREFIX + RELATION_LOSS: float(torch.stack(relation_log).mean()) if relation_log else 0.0,
+            wire.METHOD_METRIC_PREFIX + FEATURE_REG: float(torch.stack(reg_log).mean()) if reg_log else 0.0,
         }
         upload = wire.pack_class_features(local_ids.cpu().numpy(), local.cpu().numpy(), counts.cpu().numpy())
         return {wire.CLASS_FEATURES: upload}, metrics
@@ -251,4 +251,4 @@ class PFedPMClient(ClientMethod):
                 pred = torch.cat([ids[relation.scores(h[s:s + chunk], feats).argmax(1)]
                                   for s in range(0, n, chunk)])
             relation_correct = int((pred == self.data.y_test).sum())
-        return EvalResult(loss, correct, n, {"relation-acc": relation_correct / n if n else 0.0})
+        return EvalResult(loss, correct, n, {RELATION_ACC: relation_correct / n if n else 0.0})

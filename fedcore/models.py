@@ -351,6 +351,25 @@ def resnet18_tv(input_shape: tuple[int, ...], num_classes: int, stem_strides: tu
     return SplitModel(body, nn.Linear(body.out_dim, num_classes), body.out_dim)
 
 
+
+# pFedPM-mh: which builder keyword differs between clients, and its values by group of partition ids
+# (the server checks the model has variants at start, each client builds its own)
+HETEROGENEOUS = {
+    "protocnn": ("channels", (18, 20, 22)),
+    "protocnn-femnist": ("channels", (18, 20, 22)),
+    "resnet18-tv": ("stem_strides", ((1, 4), (2, 2))),
+}
+
+
+def heterogeneous_kwargs(model: str, pid: int, num_clients: int) -> dict:
+    """Builder keywords of client ``pid`` in pFedPM-mh: consecutive, near-equal groups of partition ids
+    get the variants in order (20 clients, three widths: ids 0-6, 7-13, 14-19, as FedProto's code)."""
+    if model not in HETEROGENEOUS:
+        raise ValueError(f"pfedpm.heterogeneous needs model one of {', '.join(HETEROGENEOUS)}, got {model!r}")
+    key, variants = HETEROGENEOUS[model]
+    return {key: variants[pid * len(variants) // num_clients]}
+
+
 # ---------------------------------------------------------------- registry
 
 MODELS: dict[str, Callable[..., SplitModel]] = {

@@ -1,8 +1,9 @@
 """The method registry: one entry per method, naming its server strategy and its client.
 
 Adding a method = a module in fedstrategies/ (Strategy subclass + ``HPARAMS``), a module in clients/
-(ClientMethod subclass) and one ``Method`` line below. Classes are imported lazily so that the
-server never needs a method's client code loaded to validate a config, and vice versa.
+(ClientMethod subclass), its message contract in fedcore/contracts/ and one ``Method`` line below
+(docs/adding-a-method.md). Classes are imported lazily so that the server never needs a method's
+client code loaded to validate a config, and vice versa.
 """
 
 from __future__ import annotations

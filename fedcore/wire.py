@@ -47,6 +47,9 @@ SERVER_ROUND = "server-round"
 PHASE = "phase"
 RUN_TOKEN = "run-token"  # random per run, kept on resume: names the clients' state folders
 BASE_CONFIG_KEYS = (SERVER_ROUND, PHASE, RUN_TOKEN)
+# Config key any strategy may send: this message's learning rate (a decay schedule); the client base
+# reads it (``ClientEnv.lr``) and falls back to the run config's ``lr``
+LR = "lr"
 
 # Metric keys
 PARTITION_ID = "partition-id"

@@ -26,6 +26,7 @@ import torch
 
 from fedcore import wire
 from fedcore.config import Key
+from fedcore.contracts.fedfcd import GLOBAL_HEAD
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.fedfcd_math import GlobalHead
 from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features
@@ -53,8 +54,6 @@ HPARAMS = {
     "decision-fusion": Key(True, "false = ablation 'w/o FD': logits = personal head only (training and inference)"),
     "hierarchical": Key(True, "false = ablation 'w/o HO': one joint SGD step on extractor and personal head per batch"),
 }
-
-GLOBAL_HEAD = "global-head"  # record: the global head phi_g, arrays "weight" (C, d) and "bias" (C,)
 
 
 class FedFCDStrategy(PersonalizedStrategy):

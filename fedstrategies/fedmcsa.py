@@ -28,6 +28,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
+from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedmcsa_math import mcsa
 
@@ -46,10 +47,6 @@ HPARAMS = {
     "attention-round": Key(0, "round whose attention matrices are saved (round_matrices/); 0 = the last round",
                            low=0),
 }
-
-# Config flags of a train message (clients read their mode from these, never from a missing record)
-RECEIVE = "fedmcsa-receive"  # the message carries this client's personalised model W_i
-UPLOAD = "fedmcsa-upload"  # the reply must carry the client's model after training
 
 
 class FedMCSAStrategy(PersonalizedStrategy):

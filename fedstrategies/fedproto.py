@@ -10,6 +10,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
+from fedcore.contracts.fedproto import HAS_PROTOTYPES
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.prototypes import aggregate_class_features, check_class_features, merge_class_features
 
@@ -17,8 +18,6 @@ HPARAMS = {
     "lambda": Key(1.0, "weight of the prototype-distance regulariser", low=0.0),
     "aggregation": Key("weighted", "per-class mean of prototypes", choices=("weighted", "uniform")),
 }
-
-HAS_PROTOTYPES = "has-global-prototypes"  # config flag: the message carries global prototypes
 
 
 class FedProtoStrategy(PersonalizedStrategy):

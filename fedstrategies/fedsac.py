@@ -23,15 +23,11 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
+from fedcore.contracts.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, REGULARISERS, SUBSPACE
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedsac_math import (ALPHA_BOUNDARIES, ANGLES, SOLVERS, aggregate_by_graph, alpha_at,
                                        collaboration_graph, complementarity_matrix, similarity_matrix)
 
-SUBSPACE = "fedsac-subspace"  # record: {"basis": (d, k) float32, orthonormal columns}
-BASIS = "basis"
-REFERENCE = "fedsac-reference"  # record: the authors' regulariser reference c_i (regulariser = "authors")
-REGULARISER = "fedsac-regulariser"  # config key: "off" | "paper" | "authors" for this message
-REGULARISERS = ("paper", "authors")
 SIM_VECTORS = ("delta_init", "params")
 EVAL_MODELS = ("aggregated", "local")
 ORTHONORMAL_TOL = 1e-3  # |U^T U - I| a basis may show (float32 rounding is ~1e-7)
@@ -108,7 +104,7 @@ class FedSaCStrategy(PersonalizedStrategy):
     def train_config(self, pid, server_round):
         """The regulariser is on once the client has an aggregated model: in its first round theta~_i
         is theta(0), and the authors' code trains without it then."""
-        return {REGULARISER: self.hp["regulariser"] if pid in self.personal else "off"}
+        return {REGULARISER: self.hp["regulariser"] if pid in self.personal else REGULARISER_OFF}
 
     def reply_schema(self, pid):
         return {wire.WEIGHTS: weights_schema(self.initial_weights),

@@ -14,7 +14,7 @@ One round (mupfl.md sections 3-4):
 
 ``bavd``, ``acmu`` and ``pkcf`` switch each module off alone (Table VI); ``clusters`` fixes the
 cluster count (Tables I and V; with the other two modules off this is "FedAvg with clustering").
-The rules are in ``fedstrategies/mupfl_math.py``.
+The server's rules are in ``fedstrategies/mupfl_math.py``; the message names in ``fedcore/contracts/mupfl.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from fedcore import wire
 from fedcore.config import ConfigError, Key
+from fedcore.contracts.mupfl import FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 from fedcore.models import HEAD_PREFIX, bavd_map_shapes, one_torch_thread, seeded_model
 from fedstrategies import mupfl_math as mm
 from fedstrategies.aggregate import weighted_average
@@ -51,13 +52,6 @@ HPARAMS = {
     "lr-decay-every": Key(3, "rounds between learning-rate decays", low=1),
 }
 
-# record names (both sides import them)
-START_HEAD = "start-head"  # the classifier the client's local training started from (after PKCF)
-MAPS = "bavd-maps"  # one float32 H x W activation map per BAVD layer, keys "0", "1", ...
-GRADIENTS = "class-gradients"  # "z": (K, K*d + K) per-class classifier gradients, "present": (K,) 0/1
-FEATURES = "federated-features"  # "features": (K*m, d) float32, class-major
-# config keys
-HAS_FEATURES = "has-features"  # the message carries federated features H
 KMEANS_SEED_STREAM = 13
 
 
@@ -105,7 +99,7 @@ class MuPFLStrategy(PersonalizedStrategy):
 
     def _config(self, server_round: int, with_features: bool) -> dict:
         lr = round_lr(self.cfg["lr"], self.hp["lr-decay"], self.hp["lr-decay-every"], server_round)
-        return {"lr": lr, HAS_FEATURES: with_features}
+        return {wire.LR: lr, HAS_FEATURES: with_features}
 
     def train_payload(self, pid, server_round):
         return self._payload(self.has_features)

@@ -1,14 +1,15 @@
-"""MuPFL's rules as plain functions on tensors and arrays (mupfl.md sections 3 and 4).
+"""MuPFL's server rules as plain functions on tensors and arrays (mupfl.md section 4).
 
-- BAVD (client, Eq. 6): the loss-weighted activation map of one layer and the mask it gives.
 - ACMU (interface, Eqs. 7-15): the combined cosine similarity of weight updates and activation
   maps, k-means over candidate cluster counts chosen by the silhouette score, and the weights
   that turn the clustered updates into the global model.
-- PKCF (server, Eqs. 16-20): closed-form per-class classifier gradients of a linear head and the
+- PKCF (server, Eqs. 17-20): the average of the clients' per-class classifier gradients and the
   gradient matching that optimises the synthetic federated features.
 
-Nothing here knows about Flower; the strategy (``fedstrategies/mupfl.py``) and the client
-(``clients/mupfl.py``) move records in and out and keep state.
+BAVD (Eq. 6, client only) is in ``clients/bavd.py``; the closed-form per-class classifier gradients
+(Eqs. 16 and 19), which both sides take, are in ``fedcore/class_gradients.py``.
+Nothing here knows about Flower; the strategy (``fedstrategies/mupfl.py``) moves records in and out
+and keeps state.
 """
 
 from __future__ import annotations
@@ -21,50 +22,7 @@ import torch
 import torch.nn.functional as F
 from threadpoolctl import threadpool_limits
 
-# ============================================================================ BAVD (client)
-
-
-def bavd_mask(activation_map: torch.Tensor) -> torch.Tensor:
-    """Positions of one BAVD layer that are kept: normalised map >= its mean (mupfl.md 3.3a, A2).
-
-    Min-max normalisation, as the spec proposes; the mask is the same for any positive affine
-    rescaling of the map (normalisation type is irrelevant), and the map's maximum is always kept.
-    An all-zero or constant map (before the first update) keeps every position: BAVD is then the
-    identity.
-
-    Parameters
-    ----------
-    activation_map : Tensor (H, W)
-
-    Returns
-    -------
-    Tensor (H, W), bool
-    """
-    lo, hi = activation_map.min(), activation_map.max()
-    if not bool(hi > lo):
-        return torch.ones_like(activation_map, dtype=torch.bool)
-    norm = (activation_map - lo) / (hi - lo)
-    return norm >= norm.mean()
-
-
-def loss_change(previous_loss: float, loss: float, sign: str = "decrease") -> float:
-    """psi of Eq. 6: the loss decrease l^(lambda-1) - l^(lambda) by default (the text: a positive
-    psi "signifies contribution"); ``sign="literal"`` gives Eq. 6 as printed, l^(lambda) - l^(lambda-1)
-    (mupfl.md A1)."""
-    if sign == "decrease":
-        return previous_loss - loss
-    if sign == "literal":
-        return loss - previous_loss
-    raise ValueError(f"psi sign must be 'decrease' or 'literal', got {sign!r}")
-
-
-def update_map(activation_map: torch.Tensor, batch_mean: torch.Tensor, step: int, psi: float) -> torch.Tensor:
-    """Eq. 6 with one H x W map per layer: M <- r at the very first step (lambda = 0), else
-    M <- M + psi * r, where r is the batch's pre-mask activation averaged over batch and channels."""
-    if step == 0:
-        return batch_mean.detach().clone()
-    return activation_map + psi * batch_mean.detach()
-
+from fedcore.class_gradients import synthetic_class_gradients
 
 # ============================================================================ ACMU (interface)
 
@@ -221,70 +179,7 @@ def cluster_models(starts: np.ndarray, updates: np.ndarray, labels: np.ndarray) 
     return starts + means[inverse]
 
 
-# ============================================================================ PKCF (server + client)
-
-
-def _gradients_of_blocks(h_blocks: torch.Tensor, r_blocks: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Row k = flattened (sum_j r_j h_j^T, sum_j r_j) / n_k over the samples j of class k, from
-    class blocks h (K, w, d) and residuals r = softmax - onehot (K, w, K), zero-padded to width w."""
-    K, _, d = h_blocks.shape
-    scale = 1.0 / counts.clamp(min=1).to(h_blocks.dtype)
-    grad_w = torch.bmm(r_blocks.transpose(1, 2), h_blocks) * scale[:, None, None]  # (K, K, d)
-    grad_b = r_blocks.sum(1) * scale[:, None]  # (K, K)
-    return torch.cat([grad_w.reshape(K, K * d), grad_b], dim=1)
-
-
-def _residuals(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-               num_classes: int) -> torch.Tensor:
-    """softmax(W h + b) - onehot(y): the CE gradient with respect to the logits."""
-    return torch.softmax(features @ weight.T + bias, dim=1) - F.one_hot(labels, num_classes).to(features.dtype)
-
-
-def class_gradients(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                    num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-class mean cross-entropy gradient of a linear head, in closed form (Eq. 16).
-
-    For logits W h + b, grad_W CE(., k) = (softmax - onehot(k)) h^T and grad_b = softmax - onehot(k);
-    z^k is their mean over the samples of class k. Samples are scattered into a (K, n_max, .) block
-    by their rank within their class, so one batched matmul serves any label order.
-
-    Returns
-    -------
-    Z : Tensor (K, K*d + K)
-        Row k = flattened (dW, db) of z^k; zeros for classes without samples.
-    present : Tensor (K,), bool
-    """
-    n, d = features.shape
-    K = num_classes
-    counts = torch.bincount(labels, minlength=K)
-    present = counts > 0
-    if n == 0:
-        return features.new_zeros(K, K * d + K), present
-    residual = _residuals(features, labels, weight, bias, K)
-    order = torch.argsort(labels, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.empty_like(labels)
-    rank[order] = torch.arange(n, device=labels.device) - starts[labels[order]]
-    width = int(counts.max())
-    r_blocks = features.new_zeros(K, width, K).index_put((labels, rank), residual)
-    h_blocks = features.new_zeros(K, width, d).index_put((labels, rank), features)
-    return _gradients_of_blocks(h_blocks, r_blocks, counts), present
-
-
-def synthetic_labels(num_classes: int, per_class: int, device=None) -> torch.Tensor:
-    """Labels of the federated features: class-major, each class repeated ``per_class`` times."""
-    return torch.arange(num_classes, device=device).repeat_interleave(per_class)
-
-
-def synthetic_class_gradients(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """zhat of Eq. 19 for the class-major federated features H (K*m, d): ``class_gradients`` without
-    the scatter (the rows already are the class blocks); differentiable in H, which the server's
-    matching runs autograd through."""
-    K = weight.shape[0]
-    m, d = features.shape[0] // K, features.shape[1]
-    residual = _residuals(features, synthetic_labels(K, m, features.device), weight, bias, K)
-    counts = torch.full((K,), m, device=features.device)
-    return _gradients_of_blocks(features.view(K, m, d), residual.view(K, m, K), counts)
+# ============================================================================ PKCF (server)
 
 
 def average_class_gradients(replies) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,8 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
+from fedcore.contracts.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL
+from fedcore.models import heterogeneous_kwargs
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features, merge_class_features
 
@@ -38,25 +40,6 @@ HPARAMS = {
                                 "with 18/20/22 channels by thirds of the ids; resnet18-tv: stem strides "
                                 "(1, 4) for the first half, (2, 2) for the rest)"),
 }
-
-HAS_GLOBAL = "has-global-features"  # config flag: the train message carries global features
-GLOBAL_FEATURES = "global-features"  # record: class-ids (K,) int64, features (K, d) float32
-
-# pFedPM-mh: which builder keyword differs between clients, and its values by group of partition ids
-HETEROGENEOUS = {
-    "protocnn": ("channels", (18, 20, 22)),
-    "protocnn-femnist": ("channels", (18, 20, 22)),
-    "resnet18-tv": ("stem_strides", ((1, 4), (2, 2))),
-}
-
-
-def heterogeneous_kwargs(model: str, pid: int, num_clients: int) -> dict:
-    """Builder keywords of client ``pid`` in pFedPM-mh: consecutive, near-equal groups of partition ids
-    get the variants in order (20 clients, three widths: ids 0-6, 7-13, 14-19, as FedProto's code)."""
-    if model not in HETEROGENEOUS:
-        raise ValueError(f"pfedpm.heterogeneous needs model one of {', '.join(HETEROGENEOUS)}, got {model!r}")
-    key, variants = HETEROGENEOUS[model]
-    return {key: variants[pid * len(variants) // num_clients]}
 
 
 class PFedPMStrategy(PersonalizedStrategy):

@@ -18,10 +18,11 @@ from benchmarks.server_time import fake_clients
 from clients.fedsac import regulariser, subspace_basis
 from fedcore import wire
 from fedcore.config import Config
+from fedcore.contracts.fedsac import BASIS, REGULARISER, SUBSPACE
 from fedcore.models import model_facts, seeded_model
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import ClientReply
-from fedstrategies.fedsac import BASIS, REGULARISER, SUBSPACE, FedSaCStrategy
+from fedstrategies.fedsac import FedSaCStrategy
 from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at, collaboration_graph, complementarity_matrix,
                                        greedy_column_angles, principal_angles, project_rows_to_simplex,
                                        qp_objective, similarity_matrix, solve_graph_cvxpy)

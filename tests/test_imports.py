@@ -1,19 +1,24 @@
-"""What a ClientApp process imports before its first message.
+"""What a ClientApp process imports before its first message, and what client code may import.
 
 Flower's deployment runtime starts a ClientApp process per message, and every Ray actor of a
 simulation imports the app once: a heavy import paid there is paid on every message or at every
 start-up. Libraries that only the server of one method needs (scikit-learn for MuPFL's k-means,
 scipy for FedMCSA's softmax and FedSaC's principal angles, cvxpy for FedSaC's reference solver)
-are imported where they are used, so a client of any method never loads them.
+are imported where they are used, so a client of any method never loads them. No client module
+imports server strategy code (``fedstrategies``): message names come from ``fedcore/contracts/``.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from fedcore.registry import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SERVER_ONLY_LIBRARIES = ("sklearn", "scipy", "cvxpy", "pandas", "matplotlib")
 
@@ -30,4 +35,44 @@ def test_a_clientapp_of_any_method_does_not_import_server_only_libraries():
         f"print(json.dumps(sorted(m for m in {SERVER_ONLY_LIBRARIES!r} if m in sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+CLIENTS = ROOT / "clients"
+SERVER_PACKAGE = "fedstrategies"
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Every module an ``import`` or ``from ... import`` statement of a source file names, anywhere in it
+    (inside functions too); ``from fedstrategies import x`` gives ``fedstrategies.x``."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_no_client_module_imports_server_strategy_code():
+    """A method's message names are in fedcore/contracts/, its shared maths in fedcore/: clients/ never
+    imports fedstrategies/ (a ClientApp would load server code, and the two sides would grow together)."""
+    files = sorted(CLIENTS.glob("*.py"))
+    assert len(files) > 10
+    offending = {f"{path.name}: {name}" for path in files for name in _imported_modules(path)
+                 if name == SERVER_PACKAGE or name.startswith(SERVER_PACKAGE + ".")}
+    assert not offending, sorted(offending)
+
+
+def test_importing_the_clientapp_and_every_client_module_loads_no_strategy_module():
+    modules = sorted({method.client_path.split(":")[0] for method in REGISTRY.values()})
+    code = (
+        "import importlib, json, sys\n"
+        "import clients.app\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m == {SERVER_PACKAGE!r} "
+        f"or m.startswith({SERVER_PACKAGE + '.'!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_samples, silhouette_score
 
+from clients import bavd as bavd_rules
+from fedcore import class_gradients as cg
 from fedcore.models import bavd_map_shapes, bavd_sites, build_model
 from fedstrategies import mupfl_math as mm
 
@@ -70,11 +72,11 @@ def test_bavd_mask_is_invariant_to_positive_affine_rescaling_and_to_the_normalis
     g = torch.Generator().manual_seed(3)
     for _ in range(20):
         M = torch.randn(7, 9, generator=g)
-        mask = mm.bavd_mask(M)
-        assert torch.equal(mask, mm.bavd_mask(3.7 * M + 11.0))
-        assert torch.equal(mask, mm.bavd_mask((M - M.mean()) / M.std()))  # z-score first
+        mask = bavd_rules.bavd_mask(M)
+        assert torch.equal(mask, bavd_rules.bavd_mask(3.7 * M + 11.0))
+        assert torch.equal(mask, bavd_rules.bavd_mask((M - M.mean()) / M.std()))  # z-score first
         assert torch.equal(mask, M >= M.mean())  # no normalisation at all
-        assert torch.equal(mask, mm.bavd_mask((M - M.min()) / (M.max() - M.min())))  # min-max twice
+        assert torch.equal(mask, bavd_rules.bavd_mask((M - M.min()) / (M.max() - M.min())))  # min-max twice
 
 
 def test_map_update_is_eq6_exactly_with_both_signs_and_the_counter_runs_on():
@@ -98,7 +100,7 @@ def test_map_update_is_eq6_exactly_with_both_signs_and_the_counter_runs_on():
                 assert torch.equal(bavd.maps[1], before + psi * r)
             assert bavd.steps == step + 1 and bavd.previous_loss == loss
         bavd.remove()
-    assert mm.loss_change(2.0, 1.5, "decrease") == 0.5 and mm.loss_change(2.0, 1.5, "literal") == -0.5
+    assert bavd_rules.loss_change(2.0, 1.5, "decrease") == 0.5 and bavd_rules.loss_change(2.0, 1.5, "literal") == -0.5
 
 
 def test_bavd_map_is_recorded_before_the_mask():
@@ -260,7 +262,7 @@ def test_closed_form_class_gradients_equal_autograd():
     K, d = 5, 7
     h, y = torch.randn(23, d), torch.tensor([0, 2, 2, 4, 0, 2, 4, 4, 4, 0, 2, 2, 0, 4, 4, 2, 0, 2, 4, 4, 2, 0, 0])
     head = torch.nn.Linear(d, K)
-    z, present = mm.class_gradients(h, y, head.weight.detach(), head.bias.detach(), K)
+    z, present = cg.class_gradients(h, y, head.weight.detach(), head.bias.detach(), K)
     assert z.shape == (K, K * d + K) and present.tolist() == [True, False, True, False, True]
     for k in range(K):
         if not present[k]:
@@ -270,8 +272,8 @@ def test_closed_form_class_gradients_equal_autograd():
         F.cross_entropy(head(h[y == k]), y[y == k]).backward()
         assert torch.allclose(z[k], torch.cat([head.weight.grad.flatten(), head.bias.grad]), atol=1e-6)
     H = torch.randn(K * 3, d)
-    assert torch.allclose(mm.synthetic_class_gradients(H, head.weight.detach(), head.bias.detach()),
-                          mm.class_gradients(H, mm.synthetic_labels(K, 3), head.weight.detach(),
+    assert torch.allclose(cg.synthetic_class_gradients(H, head.weight.detach(), head.bias.detach()),
+                          cg.class_gradients(H, cg.synthetic_labels(K, 3), head.weight.detach(),
                                              head.bias.detach(), K)[0], atol=1e-6)
 
 
@@ -290,7 +292,7 @@ def test_matching_loss_is_in_0_2_ignores_unreported_classes_and_a_step_lowers_it
     target = torch.randn(K, K * d + K)
     reported = torch.tensor([True, True, False, True])
     H = torch.randn(K * m, d)
-    zhat = mm.synthetic_class_gradients(H, weight, bias)
+    zhat = cg.synthetic_class_gradients(H, weight, bias)
     loss = mm.matching_loss(target, zhat, reported)
     assert 0 <= float(loss) <= 2
     changed = target.clone()
@@ -301,7 +303,7 @@ def test_matching_loss_is_in_0_2_ignores_unreported_classes_and_a_step_lowers_it
     assert before == pytest.approx(float(loss)) and after < before
     before2, after2 = mm.match_features(H, target, reported, weight, bias, steps=50, lr=0.1)
     assert before2 == pytest.approx(after) and after2 < before2 - 0.05
-    assert float(mm.matching_loss(target, mm.synthetic_class_gradients(H, weight, bias), reported)) == pytest.approx(after2)
+    assert float(mm.matching_loss(target, cg.synthetic_class_gradients(H, weight, bias), reported)) == pytest.approx(after2)
 
 
 # ============================================================================ head pre-training
@@ -325,7 +327,7 @@ def _features_content(K, m, d):
     from flwr.app import RecordDict
 
     from fedcore import wire
-    from fedstrategies.mupfl import FEATURES
+    from fedcore.contracts.mupfl import FEATURES
 
     return RecordDict({FEATURES: wire.pack_arrays({"features": np.random.default_rng(0).standard_normal(
         (K * m, d)).astype(np.float32)})})
@@ -344,9 +346,9 @@ def test_head_pretraining_never_changes_the_extractor_and_m0_or_tau0_leave_the_h
     assert not _client(tmp_path, pkcf=False).pkcf_active()
     # tau = 0 epochs of pre-training is no step at all
     client0 = _client(tmp_path, **{"features-per-class": 4, "head-epochs": 0})
-    client0.train(model.head, x=torch.randn(40, model.feature_dim), y=mm.synthetic_labels(10, 4), epochs=0)
+    client0.train(model.head, x=torch.randn(40, model.feature_dim), y=cg.synthetic_labels(10, 4), epochs=0)
     after = {k: v.clone() for k, v in model.head.state_dict().items()}
-    client0.train(model.head, x=torch.randn(40, model.feature_dim), y=mm.synthetic_labels(10, 4), epochs=0)
+    client0.train(model.head, x=torch.randn(40, model.feature_dim), y=cg.synthetic_labels(10, 4), epochs=0)
     assert all(torch.equal(v, model.head.state_dict()[k]) for k, v in after.items())
 
 
@@ -363,7 +365,7 @@ def test_clients_sample_at_most_the_asked_number_per_class(tmp_path):
 
 
 def test_shapes_of_h_z_and_the_maps():
-    assert mm.synthetic_labels(3, 2).tolist() == [0, 0, 1, 1, 2, 2]
+    assert cg.synthetic_labels(3, 2).tolist() == [0, 0, 1, 1, 2, 2]
     m28 = build_model("mupflcnn", (1, 28, 28), 10)
     assert m28.feature_dim == 3136
     assert sum(p.numel() for p in m28.body.parameters()) == 52096

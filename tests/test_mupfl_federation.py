@@ -78,7 +78,7 @@ def test_client_state_keeps_maps_and_counters_across_rounds_and_metrics_reach_ro
 
 def test_a_malformed_reply_is_dropped_and_the_run_goes_on(tmp_path):
     from fedcore import wire
-    from fedstrategies.mupfl import GRADIENTS
+    from fedcore.contracts.mupfl import GRADIENTS
 
     def corrupt(request, reply):
         config = request.content.config_records["config"]

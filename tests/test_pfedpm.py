@@ -15,13 +15,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
 from clients.base import ClientEnv, load_client_data
-from clients.pfedpm import (GLOBAL_FEATURES, HAS_GLOBAL, PFedPMClient, RelationModule, fedproto_regulariser,
-                            l2_regulariser, mix_features)
+from clients.pfedpm import PFedPMClient, RelationModule, fedproto_regulariser, l2_regulariser, mix_features
 from fedcore import wire
 from fedcore.config import Config
-from fedcore.models import ModelFacts, build_model, model_facts
+from fedcore.contracts.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL
+from fedcore.models import ModelFacts, build_model, heterogeneous_kwargs, model_facts
 from fedstrategies.base import ClientInfo
-from fedstrategies.pfedpm import PFedPMStrategy, heterogeneous_kwargs
+from fedstrategies.pfedpm import PFedPMStrategy
 from tests.conftest import small_config
 from tests.test_baselines import _spy
 
