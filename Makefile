@@ -89,7 +89,7 @@ bench-deploy: $(STAMP)
 bench-sim: $(STAMP)
 	$(BIN)/python -m benchmarks.sim_speed --methods fedavg,fedproto,ditto --clients 20 --rounds 50 --out docs/results/sim-speed
 
-# refresh every README table from the table.md its benchmark wrote (<!-- table: path --> blocks)
+# refresh every table of README.md and docs/**/*.md from the table.md its benchmark wrote (<!-- table: path --> blocks)
 readme: $(STAMP)
 	$(BIN)/python -m benchmarks.readme_tables
 

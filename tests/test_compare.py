@@ -98,13 +98,32 @@ def test_table_only_tables_the_finished_runs_and_names_the_missing(tmp_path):
     assert "Not run (1): fedavg seed 1" in table
 
 
-def test_readme_tables_are_copied_from_their_files_and_checked(tmp_path):
-    from benchmarks.readme_tables import rebuild
+def test_readme_tables_are_copied_from_their_files_and_checked(tmp_path, capsys):
+    from benchmarks.readme_tables import ROOT, main, markdown_files, rebuild
 
     (tmp_path / "t.md").write_text("| a |\n|---|\n| 1 |\n")
     text = "intro\n<!-- table: t.md -->\nold\n<!-- /table -->\nend\n"
     new, changed = rebuild(text, tmp_path)
     assert new == "intro\n<!-- table: t.md -->\n| a |\n|---|\n| 1 |\n<!-- /table -->\nend\n" and changed == ["t.md"]
     assert rebuild(new, tmp_path)[1] == []  # up to date
-    with pytest.raises(SystemExit, match="missing.md"):
-        rebuild("<!-- table: missing.md -->\n<!-- /table -->\n", tmp_path)
+    with pytest.raises(SystemExit, match="docs/x.md names missing.md"):
+        rebuild("<!-- table: missing.md -->\n<!-- /table -->\n", tmp_path, "docs/x.md")
+
+    # every page is covered: README.md and docs/**/*.md, block paths from the repository root
+    (tmp_path / "README.md").write_text(text)
+    (tmp_path / "docs" / "papers").mkdir(parents=True)
+    (tmp_path / "docs" / "papers" / "m.md").write_text(text)
+    (tmp_path / "docs" / "plain.md").write_text("no blocks\n")
+    assert markdown_files(tmp_path) == [tmp_path / "README.md", tmp_path / "docs" / "papers" / "m.md",
+                                        tmp_path / "docs" / "plain.md"]
+    assert main(["--check", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "README.md: out of date: t.md" in out and "docs/papers/m.md: out of date: t.md" in out
+    assert (tmp_path / "docs" / "papers" / "m.md").read_text() == text  # --check changes nothing
+    assert main(["--root", str(tmp_path)]) == 0
+    assert (tmp_path / "README.md").read_text() == new == (tmp_path / "docs" / "papers" / "m.md").read_text()
+    assert main(["--check", "--root", str(tmp_path)]) == 0
+
+    # and this repository's pages hold the current tables (run `make readme` after a benchmark)
+    assert [p.name for p in markdown_files(ROOT)][0] == "README.md"
+    assert main(["--check"]) == 0, capsys.readouterr().out
