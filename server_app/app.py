@@ -45,13 +45,14 @@ def main(grid: Grid, context: Context) -> None:
     run_experiment(grid, Config.from_run_config(context.run_config, keys=cached_schema()))
 
 
-def _started_at() -> float:
-    """Wall-clock time the user's command started: the launcher passes it (PFL_LAUNCH_T0); under a
-    plain ``flwr run`` or in process it is this ServerApp's own start."""
+def _started_at() -> tuple[float, str]:
+    """Wall-clock time the user's command started, and what that start is: the launcher passes it
+    (PFL_LAUNCH_T0); under a plain ``flwr run``, a deployment or in process it is this ServerApp's own
+    start. Start-up (``startup_s``) runs from it to the start of the first round the run does."""
     try:
-        return float(os.environ["PFL_LAUNCH_T0"])
+        return float(os.environ["PFL_LAUNCH_T0"]), "command start"
     except (KeyError, ValueError):
-        return time.time()
+        return time.time(), "ServerApp start"
 
 
 def connect_clients(grid: Grid, cfg: Config) -> tuple[dict[int, ClientInfo], tuple[int, ...], int]:
@@ -119,7 +120,7 @@ def _check_same_clients(clients: dict[int, ClientInfo], saved: dict[int, ClientI
 
 def run_experiment(grid: Grid, cfg: Config) -> dict:
     """Run one federated experiment end to end (or continue one with ``resume``) and return its summary."""
-    t0 = _started_at()
+    t0, t0_is = _started_at()
     method = get_method(cfg.method)
     log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s", cfg.method, cfg["dataset"],
         cfg["partition"], cfg["num-server-rounds"], cfg["seed"])
@@ -127,6 +128,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     membership = Membership(grid, cfg)
     clients, input_shape, num_classes = membership.connect()
     writer = ResultsWriter(cfg, folder, resume=checkpoint["writer"] if checkpoint else None)
+    writer.startup_from = t0_is
     log(INFO, "%s clients connected; results go to %s", len(clients), writer.dir)
     pids = list(clients)
     writer.write_label_counts(pids, np.stack([clients[p].train_label_counts for p in pids]),
@@ -153,12 +155,14 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
 
     # round 0: the preparation phase, for methods that ask for one
     start = time.monotonic()
+    prep_startup = time.time() - t0  # start-up ends where round 0 starts, for a method that has one
     msgs = strategy.configure_prepare(grid) if first_round == 1 else []
+    prepared = bool(msgs)
     if msgs:
         replies, _ = _exchange(grid, msgs, timeout)
         metrics = strategy.aggregate_prepare_replies(replies)
         row = {"round": 0, "replies": metrics["replies"], "dropped": metrics["dropped"],
-               **_method_columns(metrics, "m_"), "wall_s": time.monotonic() - start}
+               **_method_columns(metrics, "m_"), "wall_s": time.monotonic() - start, "startup_s": prep_startup}
         row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies))
         writer.add_round(row, None, strategy.round_matrices)
         strategy.round_matrices = {}
@@ -171,7 +175,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     for rnd in range(first_round, rounds + 1):
         start = time.monotonic()
         membership.refresh(strategy, rnd)
-        startup = time.time() - t0 if rnd == first_round else ""
+        startup = time.time() - t0 if rnd == first_round and not prepared else ""
         msgs = list(strategy.configure_train(rnd, empty_arrays, empty_config, grid))
         replies, _ = _exchange(grid, msgs, timeout)
         lost_before = len(strategy.state_lost)

@@ -67,6 +67,7 @@ class ResultsWriter:
         self.rounds: list[dict] = list(resume["rounds"]) if resume else []
         self._elapsed_before = resume["elapsed"] if resume else 0.0
         self._start = time.monotonic()
+        self.startup_from = "ServerApp start"  # what startup_s counts from (the launcher's runs: "command start")
         self._columns = list(ROUND_FIELDS)
         self.label_counts: np.ndarray | None = None  # clients x classes, drawn in finish
         self._write_rounds()
@@ -168,10 +169,13 @@ class ResultsWriter:
             "bytes_up": bytes_up, "bytes_down": bytes_down,
             "bytes_prepare": sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in prepare),
             "bytes_up_per_round": train_up / max(n_rounds, 1), "bytes_down_per_round": train_down / max(n_rounds, 1),
+            # wall_s: from all clients connected (this writer's creation) to the last round's end, over
+            # every resumption; start-up (from startup_from to the first round: round 0 where there is
+            # one) and round 1, which warms up every client, are reported apart; the per-round figure
+            # is the steady state of the rounds after them
             "wall_s": self.elapsed(),
-            # start-up (command to round 1) and the first round, which warms up every client, are
-            # reported apart; the per-round figure is the steady state of the rounds after them
             "startup_s": next((r["startup_s"] for r in self.rounds if _is_number(r.get("startup_s"))), None),
+            "startup_from": self.startup_from,
             "first_round_s": training[0].get("wall_s") if training else None,
             "wall_s_per_round": _mean(r.get("wall_s", 0.0) for r in (training[1:] or training)) or 0.0,
             "dropped_replies": len(dropped), "status": status, "results_dir": str(self.dir),
@@ -293,8 +297,10 @@ def format_summary(summary: dict) -> str:
         ("best acc (weighted) %", f"{pct(summary['best_acc'])} (round {summary['best_round']})"),
         ("client acc mean ± std %", f"{pct(summary['client_acc_mean'])} ± {pct(summary['client_acc_std'])}"),
         ("MB up / down per round", f"{summary['bytes_up_per_round'] / 1e6:.3f} / {summary['bytes_down_per_round'] / 1e6:.3f}"),
-        ("wall s: total, start-up", f"{summary['wall_s']:.1f}, {_num(summary.get('startup_s'))}"),
-        ("s per round: first, then", f"{_num(summary.get('first_round_s'))}, {summary['wall_s_per_round']:.2f}"),
+        (f"start-up s ({summary.get('startup_from', 'start')} to first round)", _num(summary.get("startup_s"))),
+        ("wall s (clients connected to last round's end)", f"{summary['wall_s']:.1f}"),
+        ("s per round: round 1, mean of the rest", f"{_num(summary.get('first_round_s'))}, "
+         f"{summary['wall_s_per_round']:.2f}"),
         ("dropped replies", str(summary["dropped_replies"])),
         ("results", summary["results_dir"]),
     ]
