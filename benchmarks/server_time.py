@@ -86,6 +86,8 @@ def fake_reply(strategy, msg, phase: str, rng):
     metrics = {wire.PARTITION_ID: pid, wire.NUM_EXAMPLES: info.num_train, wire.TRAIN_LOSS: 1.0}
     if phase == "evaluate":
         metrics.update({wire.NUM_EXAMPLES: info.num_test, wire.CORRECT: info.num_test // 2, wire.EVAL_LOSS: 1.0})
+        if info.num_val:  # a client with a validation split scores it too
+            metrics.update({wire.VAL_NUM_EXAMPLES: info.num_val, wire.VAL_CORRECT: info.num_val // 2, wire.VAL_LOSS: 1.0})
     return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 

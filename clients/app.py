@@ -88,6 +88,7 @@ def handshake(msg: Message, context: Context) -> Message:
         wire.NUM_EXAMPLES: data.num_train,
         wire.NUM_TRAIN: data.num_train,
         wire.NUM_TEST: data.num_test,
+        wire.NUM_VAL: data.num_val,
         wire.TRAIN_LABEL_COUNTS: [int(c) for c in data.train_label_counts],
         wire.TEST_LABEL_COUNTS: [int(c) for c in data.test_label_counts],
         wire.INPUT_SHAPE: list(data.input_shape),
@@ -115,8 +116,12 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     env = _env(msg, context, "evaluate")
-    result = _client(env).evaluate(msg.content)
+    result, val = _client(env).evaluate_splits(msg.content)
     extra = {wire.METHOD_METRIC_PREFIX + k: float(v) for k, v in result.metrics.items()}
+    if val is not None:  # the same model on the client's validation split
+        extra.update({wire.VAL_METHOD_METRIC_PREFIX + k: float(v) for k, v in val.metrics.items()})
+        extra.update({wire.VAL_NUM_EXAMPLES: val.num_examples, wire.VAL_CORRECT: val.correct,
+                      wire.VAL_LOSS: val.loss})
     return _reply(msg, env, {}, {
         **extra,
         wire.NUM_EXAMPLES: result.num_examples,

@@ -1,7 +1,8 @@
 """Client side base: a client's data as tensors, its persistent state, and the method interface.
 
 A method's client subclasses ``ClientMethod`` and implements ``fit`` (one round of local training,
-returning the records to upload) and ``evaluate`` (its personalised model on its own test split);
+returning the records to upload) and ``evaluate`` (its personalised model on its own test split,
+which the base repeats on the client's validation split when it has one: ``evaluate_splits``);
 ``prepare`` answers the preparation phase (round 0) of methods that have one, and ``build_model``
 picks the client's architecture. State that must survive between rounds (personal heads, local
 models, relation modules, activation maps, counters) goes through the ``ClientEnv.save_*`` /
@@ -10,7 +11,10 @@ models, relation modules, activation maps, counters) goes through the ``ClientEn
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,7 +35,8 @@ META = "meta"  # context.state ConfigRecord: {"state-round": round in which the 
 
 @dataclass(frozen=True)
 class ClientData:
-    """One client's train and test split, already on its device."""
+    """One client's train, test and validation split (empty when ``val-fraction`` is 0), already on
+    its device. Validation samples come out of the training pool: ``x_train`` never holds them."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -41,6 +46,8 @@ class ClientData:
     input_shape: tuple[int, ...]
     train_label_counts: np.ndarray
     test_label_counts: np.ndarray
+    x_val: torch.Tensor
+    y_val: torch.Tensor
 
     @property
     def num_train(self) -> int:
@@ -49,6 +56,16 @@ class ClientData:
     @property
     def num_test(self) -> int:
         return len(self.y_test)
+
+    @property
+    def num_val(self) -> int:
+        return len(self.y_val)
+
+    def validation_as_test(self) -> ClientData:
+        """The same client with its validation split in the place of its test split: what a method's
+        ``evaluate``, which scores ``x_test``/``y_test``, sees when the base scores validation."""
+        return dataclasses.replace(self, x_test=self.x_val, y_test=self.y_val, test_label_counts=np.bincount(
+            self.y_val.cpu().numpy(), minlength=self.num_classes))
 
 
 def _frozen(d: dict) -> tuple:
@@ -83,6 +100,7 @@ def _client_data(key: tuple, pid: int, device: str) -> ClientData:
         split = splits[pid]
         cached = {"x_train": data.x[split.train], "y_train": data.y[split.train],
                   "x_test": data.x[split.test], "y_test": data.y[split.test],
+                  "x_val": data.x[split.val], "y_val": data.y[split.val],
                   "num_classes": data.num_classes, "input_shape": tuple(data.input_shape)}
         partition_cache.store(path, {k: cached[k] for k in partition_cache.FIELDS}, data.num_classes,
                               tuple(data.input_shape))
@@ -93,10 +111,12 @@ def _client_data(key: tuple, pid: int, device: str) -> ClientData:
 
     x_train, y_train = tensors(cached["x_train"], cached["y_train"])
     x_test, y_test = tensors(cached["x_test"], cached["y_test"])
+    x_val, y_val = tensors(cached["x_val"], cached["y_val"])
     num_classes = cached["num_classes"]
     return ClientData(
         x_train, y_train, x_test, y_test, num_classes, cached["input_shape"],
         np.bincount(cached["y_train"], minlength=num_classes), np.bincount(cached["y_test"], minlength=num_classes),
+        x_val, y_val,
     )
 
 
@@ -269,8 +289,30 @@ class ClientMethod:
 
     def evaluate(self, content: RecordDict) -> EvalResult:
         """Score the client's personalised model on its own test split (every client, every
-        evaluation round, sampled or not)."""
+        evaluation round, sampled or not). Read the split from ``self.data.x_test``/``y_test``:
+        ``evaluate_splits`` runs this again with the validation split in their place."""
         raise NotImplementedError
+
+    def evaluate_splits(self, content: RecordDict) -> tuple[EvalResult, EvalResult | None]:
+        """``evaluate`` on the test split and, when the client holds a validation split, on that too.
+
+        The validation score comes from a second ``evaluate`` call, by a copy of this client whose
+        test split is its validation split, started from the same global random state (torch,
+        numpy, Python) as the first: both calls build the same personalised model (an evaluation
+        that fine-tunes draws the same batches and dropout masks), so the two scores are of one
+        model, and every method gets validation from this one place. The test call runs first, from
+        the state the message started with, so its numbers are those of a run without validation.
+        """
+        states = _random_states() if self.data.num_val else None
+        test = self.evaluate(content)
+        if states is None:
+            return test, None
+        _set_random_states(states)
+        env = copy.copy(self.env)  # shares the client's state records; only its data differs
+        env.data = self.data.validation_as_test()
+        val = type(self)(env).evaluate(content)
+        self.env.state_saved |= env.state_saved
+        return test, val
 
     def prepare(self, content: RecordDict) -> tuple[dict[str, ArrayRecord], dict]:
         """Answer the preparation phase (round 0) of a method whose strategy has one (same return
@@ -341,6 +383,21 @@ class ClientMethod:
     def frozen(modules: Iterable[torch.nn.Module]):
         """Context manager: ``requires_grad=False`` on these modules inside, restored after."""
         return _Frozen(list(modules))
+
+
+def _random_states() -> tuple:
+    """The global generators' states (torch's CPU and CUDA ones, numpy's, Python's)."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda, np.random.get_state(), random.getstate()
+
+
+def _set_random_states(states: tuple) -> None:
+    cpu, cuda, numpy_state, python_state = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
 
 
 class _Frozen:

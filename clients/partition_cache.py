@@ -22,7 +22,7 @@ import numpy as np
 import partitions
 
 CACHE_ENV = "PFL_PARTITION_CACHE"  # a directory, or "0" to turn the cache off
-FIELDS = ("x_train", "y_train", "x_test", "y_test")
+FIELDS = ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val")
 
 
 @lru_cache(maxsize=1)

@@ -60,6 +60,7 @@ EVAL_LOSS = "loss"
 CORRECT = "correct"
 NUM_TRAIN = "num-train"
 NUM_TEST = "num-test"
+NUM_VAL = "num-val"  # validation samples (val-fraction of the training split); 0 or absent: none
 TRAIN_LABEL_COUNTS = "train-label-counts"
 TEST_LABEL_COUNTS = "test-label-counts"
 INPUT_SHAPE = "input-shape"
@@ -67,6 +68,12 @@ NUM_CLASSES = "num-classes"
 STATE_ROUND = "state-round"  # round in which the client state this reply started from was written (0: none)
 STATE_SAVED = "state-saved"  # 1 if the client wrote state while handling this message
 METHOD_METRIC_PREFIX = "m."  # method-specific metrics, e.g. "m.relation-acc"
+# An evaluate reply of a client that holds a validation split scores the same model on it as well:
+VAL_NUM_EXAMPLES = "val-num-examples"
+VAL_CORRECT = "val-correct"
+VAL_LOSS = "val-loss"
+VAL_METRICS = (VAL_NUM_EXAMPLES, VAL_CORRECT, VAL_LOSS)
+VAL_METHOD_METRIC_PREFIX = "val.m."  # its method metrics on validation, e.g. "val.m.relation-acc"
 
 
 RAW_STYPE = "raw-le"  # little-endian C-order bytes; dtype and shape are the Array's own fields

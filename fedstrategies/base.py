@@ -65,6 +65,7 @@ class ClientInfo:
     num_test: int
     train_label_counts: np.ndarray
     test_label_counts: np.ndarray
+    num_val: int = 0  # validation samples, carved from the training pool (val-fraction)
 
 
 @dataclass
@@ -364,7 +365,8 @@ class PersonalizedStrategy(Strategy):
         """Personalised accuracy: each client's model on its own test split.
 
         Weighted accuracy is sum(correct) / sum(test samples); the client mean and std weigh every
-        client equally. Method metrics (``m.*``) are averaged both ways too.
+        client equally. Method metrics (``m.*``) are averaged both ways too. When clients hold a
+        validation split, the same numbers on it come as ``val-*`` (and ``m.val-*``) beside them.
         """
         valid = self.validate(server_round, "evaluate", replies, lambda pid: {},
                               required_metrics=(wire.CORRECT, wire.EVAL_LOSS))
@@ -374,24 +376,19 @@ class PersonalizedStrategy(Strategy):
         n = np.array([r.num_examples for r in valid], dtype=np.float64)
         correct = np.array([r.metrics[wire.CORRECT] for r in valid], dtype=np.float64)
         loss = np.array([r.metrics[wire.EVAL_LOSS] for r in valid], dtype=np.float64)
-        acc = np.divide(correct, n, out=np.zeros_like(n), where=n > 0)
-        weight = n / max(n.sum(), 1.0)
-        out = {
-            "acc-weighted": float(correct.sum() / max(n.sum(), 1.0)),
-            "acc-client-mean": float(acc.mean()),
-            "acc-client-std": float(acc.std()),
-            "loss": float((loss * weight).sum()),
-            "eval-clients": len(valid),
-            "client-pids": [r.pid for r in valid],
-            "client-acc": acc.tolist(),
-            "client-n": [int(x) for x in n],
-        }
-        per_client = [r.method_metrics() for r in valid]
-        for name in sorted(set().union(*per_client)):
-            values = [(m[name], w) for m, w in zip(per_client, weight) if name in m]
-            total = sum(w for _, w in values)
-            out[wire.METHOD_METRIC_PREFIX + name] = float(sum(v * w for v, w in values) / total) if total > 0 else 0.0
-            out[wire.METHOD_METRIC_PREFIX + name + "@client-mean"] = float(np.mean([v for v, _ in values]))
+        acc, scores = _split_scores(n, correct, loss, [r.method_metrics() for r in valid])
+        out = {**scores, "acc-client-std": float(acc.std()), "eval-clients": len(valid),
+               "client-pids": [r.pid for r in valid], "client-acc": acc.tolist(), "client-n": [int(x) for x in n]}
+        with_val = [r for r in valid if wire.VAL_CORRECT in r.metrics]
+        if with_val:  # the same numbers on the clients' validation splits
+            n = np.array([r.metrics[wire.VAL_NUM_EXAMPLES] for r in with_val], dtype=np.float64)
+            correct = np.array([r.metrics[wire.VAL_CORRECT] for r in with_val], dtype=np.float64)
+            loss = np.array([r.metrics[wire.VAL_LOSS] for r in with_val], dtype=np.float64)
+            prefix = wire.VAL_METHOD_METRIC_PREFIX
+            method = [{k[len(prefix):]: v for k, v in r.metrics.items() if k.startswith(prefix)} for r in with_val]
+            acc, scores = _split_scores(n, correct, loss, method, "val-")
+            out.update(scores, **{"client-val-pids": [r.pid for r in with_val], "client-val-acc": acc.tolist(),
+                                  "client-val-n": [int(x) for x in n]})
         return MetricRecord(out)
 
     # ================================================================= internals
@@ -518,7 +515,7 @@ class PersonalizedStrategy(Strategy):
             values = value if isinstance(value, list) else [value]
             if not all(math.isfinite(v) for v in values):
                 return f"non-finite metric {key!r}", None
-        for key in (wire.PARTITION_ID, wire.NUM_EXAMPLES, wire.CORRECT):
+        for key in (wire.PARTITION_ID, wire.NUM_EXAMPLES, wire.CORRECT, wire.VAL_NUM_EXAMPLES, wire.VAL_CORRECT):
             if key in metrics and (isinstance(metrics[key], list) or float(metrics[key]) != int(metrics[key])):
                 return f"metric {key!r} must be an integer, got {metrics[key]!r}", None
         pid = int(metrics[wire.PARTITION_ID])
@@ -531,6 +528,17 @@ class PersonalizedStrategy(Strategy):
             return f"num-examples {n} is outside 0..{most} (what the client declared at the handshake)", None
         if wire.CORRECT in metrics and not 0 <= int(metrics[wire.CORRECT]) <= n:
             return f"correct = {metrics[wire.CORRECT]} is outside 0..{n}", None
+        if wire.CORRECT in required_metrics and (info.num_val > 0 or any(k in metrics for k in wire.VAL_METRICS)):
+            # an evaluation of a client that declared a validation split must score it, within its size
+            for key in wire.VAL_METRICS:
+                if key not in metrics:
+                    return f"missing metric {key!r}", None
+            n_val = int(metrics[wire.VAL_NUM_EXAMPLES])
+            if not 0 <= n_val <= info.num_val:
+                return (f"{wire.VAL_NUM_EXAMPLES} {n_val} is outside 0..{info.num_val} (what the client declared "
+                        "at the handshake)"), None
+            if not 0 <= int(metrics[wire.VAL_CORRECT]) <= n_val:
+                return f"{wire.VAL_CORRECT} = {metrics[wire.VAL_CORRECT]} is outside 0..{n_val}", None
         arrays: dict[str, dict[str, np.ndarray]] = {}
         norms: dict[str, float] = {}
         for record_name, keys in schema_of(pid).items():
@@ -561,6 +569,24 @@ class PersonalizedStrategy(Strategy):
                 arrays[record_name][key] = array
         norms = {name: math.sqrt(value) for name, value in norms.items()}
         return None, ClientReply(pid, node, n, metrics, arrays, norms=norms)
+
+
+def _split_scores(n: np.ndarray, correct: np.ndarray, loss: np.ndarray, method: list[dict],
+                  tag: str = "") -> tuple[np.ndarray, dict]:
+    """One split's evaluation over the clients (``tag`` "" for test, "val-" for validation): their
+    accuracies, and the sample-weighted accuracy and loss, the client-mean accuracy, and each method
+    metric averaged both ways (``m.<tag><name>`` and ``...@client-mean``)."""
+    acc = np.divide(correct, n, out=np.zeros_like(n), where=n > 0)
+    weight = n / max(n.sum(), 1.0)
+    out = {f"{tag}acc-weighted": float(correct.sum() / max(n.sum(), 1.0)), f"{tag}acc-client-mean": float(acc.mean()),
+           f"{tag}loss": float((loss * weight).sum())}
+    for name in sorted(set().union(*method)):
+        values = [(m[name], w) for m, w in zip(method, weight) if name in m]
+        total = sum(w for _, w in values)
+        key = f"{wire.METHOD_METRIC_PREFIX}{tag}{name}"
+        out[key] = float(sum(v * w for v, w in values) / total) if total > 0 else 0.0
+        out[key + "@client-mean"] = float(np.mean([v for v, _ in values]))
+    return acc, out
 
 
 def _nonfinite(array: np.ndarray) -> tuple[str | None, float]:

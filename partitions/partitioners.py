@@ -3,7 +3,10 @@
 ``build_splits(dataset, partition, num_clients, seed, params)`` gives one ``ClientSplit`` (train
 and test index arrays) per client. Every scheme except ``file`` first assigns each client a pool
 of samples, then the client shuffles its pool and keeps the first ``train-fraction`` (0.75) for
-training, the rest for testing (PFLlib). Schemes:
+training, the rest for testing (PFLlib). With ``val-fraction`` > 0 every client then moves that
+share of its training samples (at least one) to a validation split, drawn with a seed stream of its
+own: the train/test split is the one a run without validation gets, less the validation samples.
+Schemes:
 
 * ``iid``            seeded shuffle, near-equal split.
 * ``dirichlet``      PFLlib ``dir``: per class q ~ Dir(alpha), clients already holding >= N/num_clients
@@ -35,7 +38,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -55,17 +58,20 @@ class PartitionError(ValueError):
 class ClientSplit:
     train: np.ndarray  # int64 indices into the dataset
     test: np.ndarray
+    val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # carved from the training pool
 
 
 DEFAULT_PARAMS: dict = {
     "alpha": 0.1, "min-size": 0, "classes-per-client": 2, "balance": False, "n": 4, "k": 100,
     "stdev": 2, "imbalance-factor": 10.0, "pairs-mode": "disjoint", "file": "", "train-fraction": 0.75,
+    "val-fraction": 0.0,
 }
 
 
 def _run_config_key(partition: str, key: str) -> str:
     """The run-config key a user sets for a partitioner option (what error messages must name)."""
-    return {"train-fraction": "train-fraction", "pairs-mode": "pairs.mode", "file": "file.path"}.get(
+    return {"train-fraction": "train-fraction", "val-fraction": "val-fraction", "pairs-mode": "pairs.mode",
+            "file": "file.path"}.get(
         key, f"{partition}.{key}")
 
 
@@ -347,25 +353,48 @@ def _train_test(pools, fraction, rng, partition) -> list[ClientSplit]:
     return splits
 
 
+def _carve_validation(splits, fraction, rng, partition) -> list[ClientSplit]:
+    """Each client moves a random ``fraction`` of its training samples (at least one) to validation;
+    its test split is untouched."""
+    out = []
+    for i, s in enumerate(splits):
+        size = max(1, int(fraction * len(s.train) + 1e-9))
+        if len(s.train) - size < 1:
+            raise PartitionError(
+                f"'val-fraction' = {fraction:g} leaves client {i} of partition {partition} no training sample "
+                f"(it has {len(s.train)} before validation is carved, and validation takes at least one); "
+                f"lower 'val-fraction', raise 'train-fraction', or use fewer clients")
+        perm = rng.permutation(s.train)
+        out.append(ClientSplit(np.sort(perm[size:]), s.test, np.sort(perm[:size])))
+    return out
+
+
 @functools.lru_cache(maxsize=32)
 def _build_cached(dataset: Dataset, partition: str, n: int, seed: int, items: tuple, stamp) -> tuple:
     p = dict(items)
-    part_seq, split_seq = np.random.SeedSequence(seed).spawn(2)
+    if not 0 <= p["val-fraction"] < 1:
+        raise PartitionError(f"'val-fraction' must be in [0, 1), got {p['val-fraction']}")
+    # the first two streams are those of a run without validation (spawn(3) begins as spawn(2) does)
+    part_seq, split_seq, val_seq = np.random.SeedSequence(seed).spawn(3)
     out = PARTITIONS[partition](dataset, n, np.random.default_rng(part_seq), p)
     if partition == "file":
         for i, s in enumerate(out):
             if len(s.train) < 1 or len(s.test) < 1:
                 raise PartitionError(f"too few samples: partition file gives client {i} only "
                                      f"{len(s.train)} train and {len(s.test)} test samples; need >= 1 each")
-        return tuple(out)
-    if not 0 < p["train-fraction"] < 1:
-        raise PartitionError(f"'train-fraction' must be in (0, 1), got {p['train-fraction']}")
-    return tuple(_train_test(out, p["train-fraction"], np.random.default_rng(split_seq), partition))
+    else:
+        if not 0 < p["train-fraction"] < 1:
+            raise PartitionError(f"'train-fraction' must be in (0, 1), got {p['train-fraction']}")
+        out = _train_test(out, p["train-fraction"], np.random.default_rng(split_seq), partition)
+    if p["val-fraction"] > 0:
+        out = _carve_validation(out, p["val-fraction"], np.random.default_rng(val_seq), partition)
+    return tuple(out)
 
 
 def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
                  params: dict | None = None) -> list[ClientSplit]:
-    """Deterministic per-client train/test indices; cached per process (every client calls it)."""
+    """Deterministic per-client train/test (and validation) indices; cached per process (every
+    client calls it)."""
     if partition not in PARTITIONS:
         raise PartitionError(f"unknown partition '{partition}'; valid: {', '.join(PARTITIONS)}")
     p = _parse_params(params, partition)
@@ -382,23 +411,26 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
         st = os.stat(p["file"])  # a rewritten file must not hit a stale cache entry
         stamp = (os.path.abspath(p["file"]), st.st_mtime_ns, st.st_size)
     cached = _build_cached(dataset, partition, n, int(seed), tuple(sorted(p.items())), stamp)
-    return [ClientSplit(s.train.copy(), s.test.copy()) for s in cached]
+    return [ClientSplit(s.train.copy(), s.test.copy(), s.val.copy()) for s in cached]
 
 
 def write_split_file(path: str, dataset_name: str, splits: list[ClientSplit]) -> None:
-    """Save splits in the ``file`` format, e.g. to freeze a partition or share it."""
+    """Save splits in the ``file`` format, e.g. to freeze a partition or share it. A client's
+    validation samples are written with its training ones (the format has no validation list):
+    read back with the same seed and ``val-fraction``, the file gives the same three splits."""
     doc = {"format": SPLIT_FORMAT, "dataset": dataset_name, "num_clients": len(splits),
-           "clients": [{"train": s.train.tolist(), "test": s.test.tolist()} for s in splits]}
+           "clients": [{"train": np.sort(np.concatenate([s.train, s.val])).tolist(), "test": s.test.tolist()}
+                       for s in splits]}
     with open(path, "w") as f:
         json.dump(doc, f)
 
 
 def label_counts(y: np.ndarray, splits: list[ClientSplit], num_classes: int) -> np.ndarray:
-    """(num_clients, num_classes) sample counts of train + test per client."""
+    """(num_clients, num_classes) sample counts of train + validation + test per client."""
     if not splits:
         return np.zeros((0, num_classes), np.int64)
-    idx = np.concatenate([np.concatenate([s.train, s.test]) for s in splits]).astype(np.int64)
-    owner = np.repeat(np.arange(len(splits)), [len(s.train) + len(s.test) for s in splits])
+    idx = np.concatenate([np.concatenate([s.train, s.val, s.test]) for s in splits]).astype(np.int64)
+    owner = np.repeat(np.arange(len(splits)), [len(s.train) + len(s.val) + len(s.test) for s in splits])
     flat = np.bincount(owner * num_classes + np.asarray(y)[idx], minlength=len(splits) * num_classes)
     return flat.reshape(len(splits), num_classes)
 

@@ -32,7 +32,7 @@ from fedcore.registry import get_method
 from fedstrategies.base import ClientInfo
 from server_app import checkpoints
 from server_app.nodes import Membership, StartupError, send_and_receive  # noqa: F401 (StartupError: re-exported)
-from server_app.results import ResultsWriter, format_summary, run_folder
+from server_app.results import ResultsWriter, format_summary, run_folder, validation_columns
 
 app = ServerApp()
 
@@ -193,7 +193,8 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
             if evaluation is not None:
                 row.update(acc_weighted=evaluation["acc-weighted"], acc_client_mean=evaluation["acc-client-mean"],
                            acc_client_std=evaluation["acc-client-std"], loss=evaluation["loss"],
-                           eval_clients=evaluation["eval-clients"], **_method_columns(evaluation, "eval_"))
+                           eval_clients=evaluation["eval-clients"], **validation_columns(evaluation),
+                           **_method_columns(evaluation, "eval_"))
         row["wall_s"] = time.monotonic() - start
         row["eval_s"] = time.monotonic() - eval_start if eval_msgs else ""
         row["startup_s"] = startup
@@ -203,6 +204,8 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
         strategy.round_matrices = {}
         save_checkpoint(rnd)
         acc = f"{100 * row['acc_weighted']:.2f}%" if "acc_weighted" in row else "-"
+        if "val_acc_weighted" in row:
+            acc += f" (validation {100 * row['val_acc_weighted']:.2f}%)"
         done = [r["wall_s"] for r in writer.rounds if r["round"] >= 1]
         eta = sum(done) / len(done) * (rounds - rnd)
         log(INFO, "[round %s/%s] acc %s  train-loss %s  replies %s (dropped %s)  %.2f s  elapsed %.0f s  left ~%.0f s",

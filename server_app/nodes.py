@@ -164,9 +164,10 @@ class Membership:
             if started is None:
                 self._refuse(node, f"partition-id {pid} was not part of this run at its start "
                                    f"(partitions {sorted(strategy.clients)})")
-            elif (info.num_train, info.num_test) != (started.num_train, started.num_test):
-                self._refuse(node, f"partition-id {pid} reports {info.num_train}/{info.num_test} train/test "
-                                   f"samples, the run started with {started.num_train}/{started.num_test}")
+            elif (info.num_train, info.num_test, info.num_val) != (started.num_train, started.num_test, started.num_val):
+                self._refuse(node, f"partition-id {pid} reports {info.num_train}/{info.num_test}/{info.num_val} "
+                                   f"train/test/validation samples, the run started with {started.num_train}/"
+                                   f"{started.num_test}/{started.num_val}")
             elif self.holder.get(pid) in live:
                 self._refuse_duplicate(node, pid)
             else:
@@ -207,7 +208,8 @@ class Membership:
             pid, n_parts = int(m[wire.PARTITION_ID]), int(m[wire.NUM_PARTITIONS])
             shape = {"input_shape": tuple(int(v) for v in m[wire.INPUT_SHAPE]), "num_classes": int(m[wire.NUM_CLASSES])}
             info = ClientInfo(pid, node, int(m[wire.NUM_TRAIN]), int(m[wire.NUM_TEST]),
-                              np.array(m[wire.TRAIN_LABEL_COUNTS]), np.array(m[wire.TEST_LABEL_COUNTS]))
+                              np.array(m[wire.TRAIN_LABEL_COUNTS]), np.array(m[wire.TEST_LABEL_COUNTS]),
+                              int(m.get(wire.NUM_VAL, 0)))
         except (KeyError, TypeError, ValueError) as err:
             return f"malformed handshake ({err!r})", None
         if self.expected is not None and n_parts != self.expected:

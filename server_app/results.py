@@ -3,6 +3,11 @@
 Rows are written every round, so a run that dies still leaves what it measured. A run folder is
 never reused silently: a fresh run needs an empty or new folder (``overwrite`` replaces an old
 one), and ``resume`` continues one from its checkpoint with the rows of later rounds removed.
+
+With a validation split (``val-fraction`` > 0) every evaluated round also has the clients' accuracy
+on it, and the summary picks its round on validation: ``test_acc_at_best_val`` is the test accuracy
+of the round best on validation, the number to compare methods by. ``best_acc`` stays what it always
+was, the best test accuracy over the rounds (best-of-test: optimistic, chosen on the test split).
 """
 
 from __future__ import annotations
@@ -20,7 +25,37 @@ ROUND_FIELDS = ["round", "acc_weighted", "acc_client_mean", "acc_client_std", "l
                 "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "eval_s", "startup_s", "replies", "dropped",
                 "eval_clients", "state_round_min", "state_lost"]
 CLIENT_FIELDS = ["round", "partition_id", "accuracy", "test_samples"]
+VAL_FIELDS = ["val_acc_weighted", "val_acc_client_mean", "val_loss"]  # after acc_client_std, with validation
+VAL_CLIENT_FIELDS = ["val_accuracy", "val_samples"]
 LAST_K = 10  # summary's "mean of the last evaluations": harder to flatter than a best-of-test
+
+
+def validation_columns(evaluation) -> dict:
+    """A round's validation columns from the strategy's evaluation metrics (none without validation)."""
+    if evaluation is None or "val-acc-weighted" not in evaluation:
+        return {}
+    return {"val_acc_weighted": evaluation["val-acc-weighted"], "val_acc_client_mean": evaluation["val-acc-client-mean"],
+            "val_loss": evaluation["val-loss"]}
+
+
+def best_validation(rows: list[dict]) -> dict:
+    """The rounds best on validation and the test accuracy there, from rounds.csv rows.
+
+    ``best_val_round`` is the evaluated round with the highest weighted validation accuracy (the
+    earliest of equals) and ``test_acc_at_best_val`` that round's weighted test accuracy;
+    ``best_val_round_client_mean`` and ``test_client_acc_mean_at_best_val`` the same on the client
+    means. All None when no round has a validation accuracy (``val-fraction`` = 0).
+    """
+    out = {}
+    for suffix, val_col, test_col, test_key in (
+            ("", "val_acc_weighted", "acc_weighted", "test_acc_at_best_val"),
+            ("_client_mean", "val_acc_client_mean", "acc_client_mean", "test_client_acc_mean_at_best_val")):
+        scored = [r for r in rows if _is_number(r.get(val_col)) and _is_number(r.get(test_col))]
+        best = max(scored, key=lambda r: r[val_col]) if scored else {}
+        out[f"best_val_round{suffix}"] = best.get("round")
+        out[f"best_val_acc{suffix}"] = best.get(val_col)
+        out[test_key] = best.get(test_col)
+    return out
 
 
 def default_run_name(cfg) -> str:
@@ -68,21 +103,26 @@ class ResultsWriter:
         self._elapsed_before = resume["elapsed"] if resume else 0.0
         self._start = time.monotonic()
         self.startup_from = "ServerApp start"  # what startup_s counts from (the launcher's runs: "command start")
+        validation = cfg.get("val-fraction", 0.0) > 0
         self._columns = list(ROUND_FIELDS)
+        if validation:
+            at = self._columns.index("acc_client_std") + 1
+            self._columns[at:at] = VAL_FIELDS
+        self._client_fields = CLIENT_FIELDS + (VAL_CLIENT_FIELDS if validation else [])
         self.label_counts: np.ndarray | None = None  # clients x classes, drawn in finish
         self._write_rounds()
         if resume:
             self._truncate_to(self.rounds[-1]["round"] if self.rounds else -1)
         else:
             with open(self.dir / "clients.csv", "w", newline="") as f:
-                csv.DictWriter(f, CLIENT_FIELDS).writeheader()
+                csv.DictWriter(f, self._client_fields).writeheader()
 
     def _truncate_to(self, last_round: int) -> None:
         """Remove what rounds after the checkpoint left behind: clients.csv rows, matrices, the old summary."""
         path = self.dir / "clients.csv"
         rows = list(csv.DictReader(open(path))) if path.exists() else []
         with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, CLIENT_FIELDS)
+            w = csv.DictWriter(f, self._client_fields)
             w.writeheader()
             w.writerows(r for r in rows if int(r["round"]) <= last_round)
         for matrix in (self.dir / "round_matrices").glob("*.json"):
@@ -139,13 +179,20 @@ class ResultsWriter:
         if client_eval:
             rows = [{"round": row["round"], "partition_id": pid, "accuracy": acc, "test_samples": n}
                     for pid, acc, n in zip(client_eval["client-pids"], client_eval["client-acc"], client_eval["client-n"])]
-            self._append("clients.csv", CLIENT_FIELDS, rows)
+            if "client-val-pids" in client_eval:  # the same clients' validation accuracy
+                val = {pid: (acc, n) for pid, acc, n in zip(client_eval["client-val-pids"], client_eval["client-val-acc"],
+                                                            client_eval["client-val-n"])}
+                for r in rows:
+                    r["val_accuracy"], r["val_samples"] = val.get(r["partition_id"], ("", ""))
+            self._append("clients.csv", self._client_fields, rows)
 
     def finish(self, num_clients: int, dropped: list[dict], status: str = "completed") -> dict:
         evaluated = [r for r in self.rounds if _is_number(r.get("acc_weighted"))]
         final_round = max((r["round"] for r in self.rounds), default=None)
         # "final" is the last round's evaluation; if that one failed there is no final accuracy
         last = evaluated[-1] if evaluated and evaluated[-1]["round"] == final_round else {}
+        # best-of-test: the round best on the test split itself (optimistic); compare methods by
+        # test_acc_at_best_val (best_validation) where there is a validation split
         best = max(evaluated, key=lambda r: r["acc_weighted"]) if evaluated else {}
         best_mean = max(evaluated, key=lambda r: r["acc_client_mean"]) if evaluated else {}
         tail = evaluated[-LAST_K:]
@@ -163,6 +210,7 @@ class ResultsWriter:
             "best_round": best.get("round"),
             "client_acc_mean": last.get("acc_client_mean"), "client_acc_std": last.get("acc_client_std"),
             "best_client_acc_mean": best_mean.get("acc_client_mean"), "best_client_mean_round": best_mean.get("round"),
+            "val_fraction": self.cfg.get("val-fraction", 0.0), **best_validation(evaluated),
             f"last{LAST_K}_acc": _mean(r["acc_weighted"] for r in tail),
             f"last{LAST_K}_client_acc_mean": _mean(r["acc_client_mean"] for r in tail),
             "final_round": final_round, "final_eval_clients": last.get("eval_clients", 0),
@@ -197,8 +245,11 @@ class ResultsWriter:
 
 def _method_summary(evaluated: list[dict]) -> dict:
     """Final, best and last-10 mean of every method evaluation column (``eval_<name>``, e.g.
-    R-pFedPM's relation-module accuracy), so comparisons can report them beside the head's."""
-    names = {k for r in evaluated for k in r if k.startswith("eval_") and k not in ("eval_clients", "eval_bytes_down")}
+    R-pFedPM's relation-module accuracy), so comparisons can report them beside the head's; with
+    the column on validation (``eval_val_<name>``), its value at the round best there
+    (``eval_<name>_at_best_val``)."""
+    names = {k for r in evaluated for k in r if k.startswith("eval_") and k not in ("eval_clients", "eval_bytes_down", "eval_s")
+             and not k.startswith("eval_val_")}
     out = {}
     for name in sorted(names):
         values = [r[name] for r in evaluated if _is_number(r.get(name))]
@@ -206,6 +257,10 @@ def _method_summary(evaluated: list[dict]) -> dict:
             out[f"final_{name}"] = values[-1]
             out[f"best_{name}"] = max(values)
             out[f"last{LAST_K}_{name}"] = _mean(values[-LAST_K:])
+        val_name = "eval_val_" + name.removeprefix("eval_")
+        scored = [r for r in evaluated if _is_number(r.get(val_name)) and _is_number(r.get(name))]
+        if scored:
+            out[f"{name}_at_best_val"] = max(scored, key=lambda r: r[val_name])[name]
     return out
 
 
@@ -231,6 +286,8 @@ def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
     ax.plot(rounds, [r["acc_weighted"] for r in rows], label="weighted accuracy")
     ax.plot(rounds, mean, "--", label="client mean")
     ax.fill_between(rounds, mean - std, mean + std, alpha=0.2, label="client mean ± std")
+    if all(_is_number(r.get("val_acc_weighted")) for r in rows):
+        ax.plot(rounds, [r["val_acc_weighted"] for r in rows], ":", label="validation accuracy (weighted)")
     ax.set(xlabel="round", ylabel="personalised test accuracy", title=title, ylim=(0, 1))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
@@ -294,7 +351,16 @@ def format_summary(summary: dict) -> str:
         ("method", summary["method"]), ("dataset / partition", f"{summary['dataset']} / {summary['partition']}"),
         ("clients x rounds", f"{summary['num_clients']} x {summary['rounds']}"),
         ("final acc (weighted) %", pct(summary["final_acc"])),
-        ("best acc (weighted) %", f"{pct(summary['best_acc'])} (round {summary['best_round']})"),
+    ]
+    if summary.get("test_acc_at_best_val") is not None:
+        rows += [
+            ("test acc at best-val round (weighted) %", f"{pct(summary['test_acc_at_best_val'])} (round "
+             f"{summary['best_val_round']}, validation {pct(summary['best_val_acc'])})"),
+            ("test acc at best-val round (client mean) %", f"{pct(summary['test_client_acc_mean_at_best_val'])} "
+             f"(round {summary['best_val_round_client_mean']})"),
+        ]
+    rows += [
+        ("best-of-test acc (optimistic) %", f"{pct(summary['best_acc'])} (round {summary['best_round']})"),
         ("client acc mean ± std %", f"{pct(summary['client_acc_mean'])} ± {pct(summary['client_acc_std'])}"),
         ("MB up / down per round", f"{summary['bytes_up_per_round'] / 1e6:.3f} / {summary['bytes_down_per_round'] / 1e6:.3f}"),
         (f"start-up s ({summary.get('startup_from', 'start')} to first round)", _num(summary.get("startup_s"))),

@@ -67,7 +67,7 @@ def test_integer_valued_float_is_accepted_for_int_and_int_for_float():
 
 def test_partition_params_are_those_of_the_selected_scheme():
     cfg = Config.from_run_config({"partition": "dirichlet", "dirichlet.alpha": 0.3})
-    assert cfg.partition_params() == {"alpha": 0.3, "min-size": 0, "train-fraction": 0.75}
+    assert cfg.partition_params() == {"alpha": 0.3, "min-size": 0, "train-fraction": 0.75, "val-fraction": 0.0}
     cfg = Config.from_run_config({"partition": "file", "file.path": "/x.json"})
     assert cfg.partition_params()["file"] == "/x.json"
 
