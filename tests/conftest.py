@@ -10,15 +10,25 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# one torch thread per test process: pytest-xdist runs two workers on two cores, and one thread gives
+# the same float sums whatever the machine's core count
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# MuPFL's paper setting pre-trains the head for 50 epochs on 100 synthetic features per class (19,000
+# steps a round at batch 16, 90% of a 3-client round here): tests that do not ask for more use a
+# small PKCF that runs every stage of it
+SMALL_MUPFL = {"mupfl.features-per-class": 8, "mupfl.head-epochs": 2, "mupfl.match-steps": 5}
 
 
 def small_config(tmp_path, **overrides) -> dict:
-    """A tiny but real setting: digits, 2 classes per client, 2 rounds."""
+    """A tiny but real setting: digits, 2 classes per client, 2 rounds, one torch thread."""
     config = {
         "dataset": "digits", "partition": "pathological", "num-server-rounds": 2, "local-epochs": 1,
         "batch-size": 16, "lr": 0.05, "results-dir": str(tmp_path / "results"), "run-name": "test-run",
-        "node-wait-s": 0, "seed": 0,
+        "node-wait-s": 0, "seed": 0, "client-threads": 1,
     }
+    if overrides.get("method") == "mupfl":
+        config.update(SMALL_MUPFL)
     config.update(overrides)
     return config
 

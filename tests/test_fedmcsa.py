@@ -521,6 +521,7 @@ def test_majority_predicts_each_clients_most_frequent_training_label(inprocess, 
     assert summary["final_acc"] == pytest.approx(correct / total)
 
 
+@pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_smoke(tmp_path):
     from server_app.launch import simulate
 

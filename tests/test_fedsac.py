@@ -556,6 +556,7 @@ def test_options_run_end_to_end(inprocess):
     assert (w >= -1e-8).all() and np.allclose(w.sum(axis=1), 1.0, atol=1e-6)
 
 
+@pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_smoke(tmp_path):
     """A real ``flwr run`` on the Ray simulation engine: 2 SuperNodes, 2 rounds, digits."""
     from server_app.launch import simulate

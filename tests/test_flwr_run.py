@@ -1,4 +1,7 @@
-"""The real thing: `flwr run` on Flower's Ray simulation engine, judged by `flwr ls`, not by exit code."""
+"""The real thing: `flwr run` on Flower's Ray simulation engine, judged by `flwr ls`, not by exit code.
+
+The fast suite keeps one real run (the smoke test); the others start Ray and a SuperLink several times
+and run in ``make test-long``."""
 
 import csv
 import json
@@ -22,6 +25,23 @@ def _rounds(tmp_path, name: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def test_flwr_run_smoke_keeps_client_state_and_equals_the_inprocess_engine(tmp_path):
+    """One real ``flwr run`` (Ray, a SuperLink, 3 simulated clients, 2 rounds of Ditto): it completes, client
+    state survives between rounds, and its numbers are the in-process engine's, to the last digit."""
+    result = _run(tmp_path, "smoke", **{"num-server-rounds": 2})
+    assert result["status"] == "finished:completed", result
+    rows = _rounds(tmp_path, "smoke")
+    assert [r["state_round_min"] for r in rows] == ["0", "1"] and [r["state_lost"] for r in rows] == ["0", "0"]
+    from server_app.inprocess import run_inprocess
+
+    config = {"method": "ditto", "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path),
+              "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0}
+    run_inprocess(config, 3)
+    columns = ("acc_weighted", "acc_client_mean", "loss", "train_loss")
+    assert [[r[c] for c in columns] for r in _rounds(tmp_path, "inprocess")] == [[r[c] for c in columns] for r in rows]
+
+
+@pytest.mark.long
 def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_path):
     """Ditto keeps a personal model in context.state and averages a global one: under Ray the state
     survives across rounds, and the same seed gives identical accuracies and losses (replies are
@@ -48,6 +68,7 @@ def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_
     assert inproc == [[r[c] for c in columns] for r in rows["a"]]
 
 
+@pytest.mark.long
 def test_a_failing_server_app_is_reported_as_failed(tmp_path):
     """flwr run exits 0 here; the launcher must still see the failure. A bad config is refused before
     anything starts; a run to resume whose checkpoints folder holds no readable checkpoint passes that
@@ -64,6 +85,7 @@ def test_a_failing_server_app_is_reported_as_failed(tmp_path):
     assert result["summary"] is None
 
 
+@pytest.mark.long
 def test_a_run_flower_refuses_to_start_is_reported_at_once_not_waited_for(tmp_path):
     """`flwr run` that submits nothing (here Flower refuses a fractional CPU share) must come back with
     Flower's reason, not leave the launcher polling for a run that does not exist until the timeout."""

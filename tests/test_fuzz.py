@@ -4,7 +4,8 @@ Each example takes a round of valid replies (the shapes the strategy asks for, f
 benchmark's reply builder), damages one of them in a randomly drawn way, and sends the round
 through ``aggregate_train``. It must never raise, must report the damaged reply in ``dropped``,
 and must leave the server in exactly the state that the other replies alone produce.
-``FUZZ_EXAMPLES`` (default 1000) sets the number of damaged replies per method.
+The fast suite draws ``FUZZ_EXAMPLES`` (default 150) damaged replies per method, enough to try every
+kind of damage on every method; ``make test-long`` draws 1,000.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import REGISTRY
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
+LONG_EXAMPLES = 1000
 CLIENTS = 4
 METRIC_MUTATIONS = ("error", "no-metrics", "drop-metric", "bad-pid", "bad-count", "nan-metric")
 ARRAY_MUTATIONS = ("drop-record", "drop-array", "reshape", "nan-value", "huge", "garbage", "truncate", "retype")
@@ -54,7 +56,10 @@ class Round:
         from flwr.supercore.task_identity import TaskIdentity
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        cfg = Config.from_run_config({"method": method, "dataset": "digits"})
+        # MuPFL's server matches 100 features per class for 100 steps at its defaults (2 s a round);
+        # validation and aggregation are the same at a small PKCF
+        small = {"mupfl.features-per-class": 8, "mupfl.match-steps": 5} if method == "mupfl" else {}
+        cfg = Config.from_run_config({"method": method, "dataset": "digits", **small})
         strategy = REGISTRY[method].strategy(cfg, fake_clients(CLIENTS), model_facts("auto", (1, 8, 8), 10, 0))
         rng = np.random.default_rng(0)
         prepare = strategy.configure_prepare(None)
@@ -199,12 +204,22 @@ def damage(reply: Message, msg: Message, mutation: str, draw, schema: dict) -> M
 
 @pytest.mark.parametrize("method", sorted(REGISTRY))
 def test_malformed_replies_never_crash_the_server_nor_change_its_state(method):
+    _fuzz(method, EXAMPLES)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("method", sorted(REGISTRY))
+def test_a_thousand_malformed_replies_per_method(method):
+    _fuzz(method, LONG_EXAMPLES)
+
+
+def _fuzz(method: str, examples: int) -> None:
     base = _round(method)
     if not base.replies:
         pytest.skip(f"{method} sends no train messages")
-    seen = {"damaged": 0, "tried": 0}
+    seen = {"damaged": 0, "tried": 0, "kinds": set()}
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def check(data):
@@ -212,6 +227,7 @@ def test_malformed_replies_never_crash_the_server_nor_change_its_state(method):
         has_arrays = bool(_arrays(base.replies[victim].content))
         mutation = data.draw(st.sampled_from(METRIC_MUTATIONS + (ARRAY_MUTATIONS if has_arrays else ())))
         seen["tried"] += 1
+        seen["kinds"].add(mutation)
         bad = damage(base.replies[victim], base.msgs[victim], mutation, data.draw, base.schema(victim))
         if bad is None:
             return
@@ -230,4 +246,7 @@ def test_malformed_replies_never_crash_the_server_nor_change_its_state(method):
     check()
     # Most draws really damaged a reply. Hypothesis stops early once it has tried every distinct draw (small
     # search spaces, as for methods whose replies carry no arrays), so compare with the draws it made.
-    assert seen["damaged"] >= 0.5 * seen["tried"] and seen["damaged"] >= min(50, EXAMPLES), seen
+    assert seen["damaged"] >= 0.5 * seen["tried"] and seen["damaged"] >= min(50, examples), seen
+    # every kind of damage that applies to this method's replies was drawn at least once
+    kinds = METRIC_MUTATIONS + (ARRAY_MUTATIONS if any(_arrays(r.content) for r in base.replies) else ())
+    assert set(kinds) <= seen["kinds"], sorted(set(kinds) - seen["kinds"])

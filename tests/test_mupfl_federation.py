@@ -153,6 +153,7 @@ def test_rounds_to_target_column(tmp_path):
         load_preset(bad)
 
 
+@pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_smoke(tmp_path):
     from server_app.launch import simulate
 

@@ -445,6 +445,7 @@ def test_pfedpm_presets_are_valid_run_configs_with_the_paper_settings():
         assert rows["R-pfedpm"].runs_of == "pfedpm" and rows["R-pfedpm"].accuracy == "eval_relation_acc"
 
 
+@pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_with_heterogeneous_clients(tmp_path):
     """The real runtime: `flwr run` on Ray, 2 SuperNodes of different widths, 2 rounds, judged by flwr ls."""
     from server_app.launch import simulate

@@ -13,7 +13,7 @@ from clients.faults import fault_for
 from fedcore.config import Config
 from fedcore.registry import REGISTRY
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]  # real flwr runs: make test-long
 EXPECTED = {"raise": "injected fault", "hang": "no reply", "nan": "NaN", "shape": "has shape", "missing": "missing",
             "wrong-pid": "does not match", "huge": "reply-norm-bound", "overflow": "overflows"}
 
