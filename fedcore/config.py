@@ -93,6 +93,8 @@ def _common_keys() -> dict[str, Key]:
         "run-name": Key("", "name of this run's results folder; empty = method-dataset-partition-seed-time"),
         "resume": Key(False, "continue the run in results-dir/run-name from its last checkpoint"),
         "overwrite": Key(False, "replace an existing results folder of the same run-name (else it is an error)"),
+        "plots": Key(True, "draw the run's PNG plots at its end (accuracy, label counts, round matrices); "
+                     "the CSV and JSON results are written either way"),
         "checkpoint-keep": Key(2, "server checkpoints kept per run (one is written after every round)", low=1),
         "client-state-dir": Key("", "where clients keep their state between rounds on disk; "
                                 "empty = results-dir/run-name/client-state (a node's state-dir node config wins)"),

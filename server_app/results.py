@@ -232,6 +232,11 @@ class ResultsWriter:
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if dropped:
             (self.dir / "dropped.json").write_text(json.dumps(dropped, indent=2, default=str))
+        if self.cfg["plots"]:
+            self._plot(evaluated)
+        return summary
+
+    def _plot(self, evaluated: list[dict]) -> None:
         if self.label_counts is not None:
             from partitions import plot_label_heatmap
 
@@ -240,7 +245,6 @@ class ResultsWriter:
         if evaluated:
             plot_accuracy(evaluated, self.dir / "accuracy.png", title=f"{self.cfg['method']} on {self.cfg['dataset']}")
         plot_round_matrices(self.dir / "round_matrices", title=self.cfg["method"])
-        return summary
 
 
 def _method_summary(evaluated: list[dict]) -> dict:

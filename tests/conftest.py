@@ -25,7 +25,7 @@ def small_config(tmp_path, **overrides) -> dict:
     config = {
         "dataset": "digits", "partition": "pathological", "num-server-rounds": 2, "local-epochs": 1,
         "batch-size": 16, "lr": 0.05, "results-dir": str(tmp_path / "results"), "run-name": "test-run",
-        "node-wait-s": 0, "seed": 0, "client-threads": 1,
+        "node-wait-s": 0, "seed": 0, "client-threads": 1, "plots": False,  # plots were a third of a run
     }
     if overrides.get("method") == "mupfl":
         config.update(SMALL_MUPFL)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ SUMMARY_KEYS = {"method", "dataset", "partition", "num_clients", "rounds", "fina
 
 @pytest.mark.parametrize("method", ["local", "fedavg"])
 def test_two_rounds_three_clients_write_all_results(inprocess, method):
-    summary, _ = inprocess(method=method)
+    summary, _ = inprocess(method=method, plots=True)
     assert SUMMARY_KEYS <= set(summary)
     assert summary["num_clients"] == 3 and summary["rounds"] == 2
     assert 0.0 <= summary["final_acc"] <= 1.0
@@ -33,6 +34,13 @@ def test_two_rounds_three_clients_write_all_results(inprocess, method):
     for png in ["accuracy.png", "label_counts.png"]:
         with open(f"{run_dir}/{png}", "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_off_writes_every_result_but_the_pictures(inprocess):
+    summary, _ = inprocess(method="fedavg", plots=False)
+    run_dir = summary["results_dir"]
+    assert {"rounds.csv", "clients.csv", "summary.json"} <= set(os.listdir(run_dir))
+    assert not [name for name in os.listdir(run_dir) if name.endswith(".png")]
 
 
 def test_local_sends_no_weights_and_fedavg_sends_models(inprocess):

@@ -477,7 +477,7 @@ FAST = {"method": "fedsac", "model": "simplecnn", "local-steps": 4, "batch-size"
 
 def test_inprocess_run_records_the_graph_draws_heatmaps_and_switches_the_regulariser_on_after_round_1(inprocess):
     hook, log = _spy()
-    summary, grid = inprocess(num_clients=3, faults=hook, **FAST, **{"num-server-rounds": 3})
+    summary, grid = inprocess(num_clients=3, faults=hook, **FAST, **{"num-server-rounds": 3, "plots": True})
     assert summary["dropped_replies"] == 0 and summary["rounds"] == 3
     train = [(m, r) for m, r in log if m.metadata.message_type == "train"]
     modes = [dict(m.content.config_records[wire.CONFIG])[REGULARISER] for m, _ in train]
