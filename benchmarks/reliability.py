@@ -5,14 +5,15 @@ killed with SIGKILL mid-round then resumed, compared with uninterrupted runs of 
 
 Faults: 6 clients on ``digits``, 4 rounds, ``faults.share = 0.3`` (2 faulty clients per round) with
 every kind but ``hang`` (a hang costs a whole ``round-timeout``; tests/test_reliability_e2e.py has
-one). Resume: the simulation process is killed with SIGKILL during round 3 of 4; the same command
-with ``resume=true`` finishes the run; its rounds.csv must equal an uninterrupted run's. Writes
-``table.md`` and ``table.csv``.
+one). Resume: the simulation process is killed with SIGKILL as soon as round 2 of 4 is checkpointed
+(so in round 3); the same command with ``resume=true`` finishes the run; its rounds.csv must equal
+an uninterrupted run's. Writes ``table.md`` and ``table.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -21,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -48,25 +50,37 @@ def _overrides(config: dict) -> str:
     return toml_overrides(config)
 
 
-def _launch(config: dict, workdir: Path, kill_after: str | None = None) -> tuple[int, str]:
-    """``python -m server_app.launch`` for one run; with ``kill_after``, SIGKILL the simulation
-    process as soon as that text appears in its output."""
+def _launch(config: dict, workdir: Path, kill_when: Path | None = None) -> tuple[int, str]:
+    """``python -m server_app.launch`` for one run; with ``kill_when``, SIGKILL the simulation
+    process as soon as that file (a checkpoint) exists."""
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", str(config.pop("supernodes")),
            "--run-config", _overrides(config)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = []
-    for line in proc.stdout:
-        out.append(line)
-        if kill_after and kill_after in line:
-            kill_simulation(str(workdir))
-            kill_after = None
+    if kill_when is not None:
+        threading.Thread(target=_kill_when, args=(kill_when, str(workdir), proc), daemon=True).start()
+    out = list(proc.stdout)
     return proc.wait(), "".join(out)
 
 
-def kill_simulation(marker: str) -> int:
-    """SIGKILL the ``flwr-simulation`` process (ServerApp + Ray driver) started under ``marker``."""
-    killed = 0
+def _kill_when(path: Path, marker: str, launcher: subprocess.Popen) -> None:
+    """SIGKILL the simulation started under ``marker`` once ``path`` exists. The file is polled every
+    2 ms with the process found beforehand: a log line reaches the launcher's output seconds late,
+    by when a fast method (majority: 25 ms a round) has finished its run."""
+    pids: list[int] = []
+    while launcher.poll() is None:
+        pids = pids or simulation_pids(marker)
+        if pids and path.exists():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.002 if pids else 0.2)
+
+
+def simulation_pids(marker: str) -> list[int]:
+    """The ``flwr-simulation`` processes (ServerApp + Ray driver) started under ``marker`` (in their environment)."""
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -74,9 +88,8 @@ def kill_simulation(marker: str) -> int:
         except OSError:
             continue
         if b"flwr-simulation" in cmd and marker.encode() in env:
-            os.kill(int(pid), signal.SIGKILL)
-            killed += 1
-    return killed
+            found.append(int(pid))
+    return found
 
 
 def _rows(path: Path) -> list[dict]:
@@ -99,24 +112,27 @@ def fault_run(method: str, results: Path) -> dict:
 
 
 def resume_run(method: str, results: Path, supernodes: int = 4, rounds: int = 4, **overrides) -> dict:
-    """An uninterrupted run, then the same run killed with SIGKILL as soon as round ``rounds - 2`` has
-    logged (the kill lands in a later round: ``resumed_from`` says which checkpoint was left) and
-    resumed with ``resume=true``; whether their rounds.csv agree but for timings."""
+    """An uninterrupted run, then the same run killed with SIGKILL as soon as round ``rounds - 2``'s
+    checkpoint exists (``resumed_from`` says which checkpoint the kill left) and resumed with
+    ``resume=true``; whether their rounds.csv agree but for timings."""
     base = {"supernodes": supernodes, "method": method, "dataset": "digits", "num-server-rounds": rounds,
             "results-dir": str(results), "overwrite": True, **overrides}
     with tempfile.TemporaryDirectory() as work:
         _launch({**base, "run-name": f"whole-{method}"}, Path(work))
+    checkpoint = results / f"cut-{method}" / "checkpoints" / f"round-{rounds - 2:05d}.ckpt"
     with tempfile.TemporaryDirectory() as work:
-        killed_code, _ = _launch({**base, "run-name": f"cut-{method}"}, Path(work),
-                                 kill_after=f"[round {rounds - 2}/{rounds}]")
+        killed_code, killed_out = _launch({**base, "run-name": f"cut-{method}"}, Path(work), kill_when=checkpoint)
     with tempfile.TemporaryDirectory() as work:
         resumed = {k: v for k, v in base.items() if k != "overwrite"}
         code, out = _launch({**resumed, "run-name": f"cut-{method}", "resume": True}, Path(work))
     whole, cut = _untimed(results / f"whole-{method}"), _untimed(results / f"cut-{method}")
     resumed_from = re.search(r"resuming from the checkpoint of round (\d+)", out)
-    return {"method": method, "killed_exit": killed_code, "resumed_exit": code,
-            "resumed_from": int(resumed_from.group(1)) if resumed_from else None,
-            "rounds": int(cut[-1]["round"]) if cut else 0, "equal_to_uninterrupted": bool(cut) and whole == cut}
+    row = {"method": method, "killed_exit": killed_code, "resumed_exit": code,
+           "resumed_from": int(resumed_from.group(1)) if resumed_from else None,
+           "rounds": int(cut[-1]["round"]) if cut else 0, "equal_to_uninterrupted": bool(cut) and whole == cut}
+    if not row["equal_to_uninterrupted"]:  # what went wrong, for the log
+        row["output_tails"] = [killed_out[-2000:], out[-2000:]]
+    return row
 
 
 def resume_lines(rows: list[dict]) -> list[str]:
@@ -169,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         acc = "-" if r["final_acc"] is None else f"{100 * r['final_acc']:.1f}"
         lines.append(f"| {r['method']} | {'yes' if r['completed'] else 'NO'} | {r['exit']} | {r['dropped']} | {acc} "
                      f"| {r['reasons']} |")
-    lines += ["", "Resume: the simulation process killed with SIGKILL once round 2 of 4 has logged, then the same "
+    lines += ["", "Resume: the simulation process killed with SIGKILL once round 2 of 4 is checkpointed, then the same "
               "command with `resume=true`; compared with an uninterrupted run of the same seed.", "",
               *resume_lines(resumes)]
     (args.out / "table.md").write_text("\n".join(lines) + "\n")

@@ -3,8 +3,8 @@
     python -m benchmarks.resume_table [--methods fedavg,ditto] [--supernodes 3] [--rounds 4]
 
 For each method (``benchmarks.reliability.resume_run``): an uninterrupted run; the same run with its
-simulation process (ServerApp and Ray driver) killed with SIGKILL as soon as round ``rounds - 2`` has
-logged (the kill lands in a later round); the same command again with ``resume=true``. "equal
+simulation process (ServerApp and Ray driver) killed with SIGKILL as soon as round ``rounds - 2``'s
+checkpoint exists; the same command again with ``resume=true``. "equal
 metrics": every rounds.csv column but the timings is the uninterrupted run's. The doc's "Resume
 after SIGKILL" section is replaced (the rest of the doc is kept) and names the commit and settings
 it came from.
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         HEADING, "",
         f"Every method through a real `flwr run` (Ray simulation, {args.supernodes} SuperNodes, dataset digits, "
         f"default partition and seed, {args.rounds} rounds): an uninterrupted run; the same run with its "
-        f"simulation process (ServerApp and Ray driver) killed with SIGKILL as soon as round {args.rounds - 2} "
-        "had logged (the kill lands in a later round; \"resumed from\" names the checkpoint that was left); the "
-        "same command again with `resume=true`. "
+        f"simulation process (ServerApp and Ray driver) killed with SIGKILL as soon as round {args.rounds - 2}'s "
+        "checkpoint existed (\"resumed from\" names the newest checkpoint the kill left); the same command again "
+        "with `resume=true`. "
         "\"equal metrics\": every rounds.csv column but the timings (accuracies, losses, bytes, replies, "
         "method metrics) equals the uninterrupted run's. Written by `python -m benchmarks.resume_table` "
         f"at commit {_commit()} (flwr {flwr.__version__}, torch {torch.__version__}) in "

@@ -196,7 +196,7 @@ class Crash(Exception):
 
 @pytest.mark.parametrize("method", sorted(REGISTRY) + ["toy"])
 def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, method, monkeypatch):
-    """Every method, and the toy one (round 0, optimiser state on the clients): killed in round 3 of 4
+    """Every method, and the toy one (round 0, optimiser state on the clients): killed in round 2 of 3
     and resumed from its checkpoint file, the run's every per-round number but its timings is the
     uninterrupted run's."""
     from clients.app import app as client_app

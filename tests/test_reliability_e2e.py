@@ -48,10 +48,10 @@ def test_faulty_clients_under_flwr_run_are_dropped_and_the_run_completes(tmp_pat
 @pytest.mark.long  # 1-3 minutes of flwr runs per method; the in-process resume test covers them by default
 @pytest.mark.parametrize("method", sorted(REGISTRY))
 def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(tmp_path, method):
-    """SIGKILL of the simulation process (ServerApp + Ray driver) once round 2 of 4 has logged (it lands
-    in round 3 or 4), then `resume=true`:
-    the same rounds.csv as a run that was never interrupted, for every method (client state comes back
-    from the clients' disks). `python -m benchmarks.resume_table` writes the same as a table."""
+    """SIGKILL of the simulation process (ServerApp + Ray driver) once round 2 of 4 is checkpointed,
+    then `resume=true`: the same rounds.csv as a run that was never interrupted, for every method
+    (client state comes back from the clients' disks). `python -m benchmarks.resume_table` writes
+    the same as a table."""
     row = reliability.resume_run(method, tmp_path / "results", supernodes=3, rounds=4)
     assert row["killed_exit"] != 0 and row["resumed_exit"] == 0, row
     assert row["resumed_from"] in (2, 3) and row["rounds"] == 4 and row["equal_to_uninterrupted"], row
