@@ -19,7 +19,6 @@ FLWR_HOME and free ports, the run is submitted with ``flwr run . <connection>`` 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -147,11 +146,10 @@ class LocalDeployment:
         return certs.make_supernode_key(self.workdir / "certs" / "supernodes", name)
 
     def register(self, public_key: Path) -> None:
-        """``flwr supernode register``: the SuperLink admits the holder of the matching private key."""
-        out = fc.flwr("supernode", "register", str(public_key), CONNECTION, "--format", "json", env=self.cli_env,
-                      cwd=self.app_dir, capture=True, timeout=120)
-        if out.returncode != 0 or '"success": true' not in out.stdout.replace("\n", " ").replace("  ", " "):
-            raise RuntimeError(f"flwr supernode register {public_key.name} failed: {out.stdout}{out.stderr}")
+        """``flwr supernode register``: the SuperLink admits the holder of the matching private key
+        (``FlowerCliError`` with Flower's reason if it does not)."""
+        fc.flwr("supernode", "register", str(public_key), CONNECTION, "--format", "json", env=self.cli_env,
+                cwd=self.app_dir, timeout=120)
 
     def add_supernode(self, partition_id: int, num_partitions: int, *, host: Host = Host(), key: str | None = None,
                       register: bool = True, root_ca: Path | None = None, link_address: str | None = None) -> SuperNode:
@@ -199,40 +197,27 @@ class LocalDeployment:
         raise RuntimeError(f"fewer than {count} SuperNodes online after {timeout:.0f} s; logs in {self.workdir}")
 
     def online_nodes(self) -> list[dict]:
-        out = fc.flwr("supernode", "ls", CONNECTION, "--format", "json", env=self.cli_env, cwd=self.app_dir,
-                      capture=True, timeout=60)
-        try:
-            nodes = json.loads(out.stdout).get("nodes", [])
-        except json.JSONDecodeError:
-            return []
+        nodes = fc.flwr("supernode", "ls", CONNECTION, "--format", "json", env=self.cli_env, cwd=self.app_dir,
+                        timeout=60).get("nodes", [])
         return [n for n in nodes if str(n.get("status", "")).lower() == "online"]
 
     # ------------------------------------------------------------------ runs
     def submit(self, config: dict) -> int:
         """``flwr run`` without waiting; returns the run id."""
         app = stage_app(self.app_dir, self.workdir / "app")  # flwr run's FAB build skips .venv
-        out = fc.flwr("run", str(app), CONNECTION, "--run-config", fc.toml_overrides(config), "--format",
-                      "json", env=self.cli_env, cwd=self.app_dir, capture=True, timeout=300)
-        try:
-            return int(json.loads(out.stdout)["run-id"])
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise RuntimeError(f"flwr run failed: {out.stdout}{out.stderr}") from err
+        return fc.submit_run(app, CONNECTION, config=config, env=self.cli_env, cwd=self.app_dir)
 
     def wait(self, run_id: int, timeout: float) -> list[dict]:
         """Wait until the run has finished (or ``timeout`` s); returns it (``flower_cli.wait_for_run``:
         ``flwr ls`` once the SuperLink's ``flwr-serverapp`` process has gone, and every 30 s)."""
         def mine() -> list[dict]:
-            return [r for r in fc.list_runs(CONNECTION, env=self.cli_env, cwd=self.app_dir)
-                    if str(r.get("run-id")) == str(run_id)]
+            return fc.list_runs(CONNECTION, env=self.cli_env, cwd=self.app_dir, run_id=run_id)
 
-        return fc.wait_for_run(mine, lambda: fc.running_below(self.link_proc.pid, "flwr-serverapp"), timeout) \
-            or fc.list_runs(CONNECTION, env=self.cli_env, cwd=self.app_dir)
+        return fc.wait_for_run(mine, lambda: fc.running_below(self.link_proc.pid, "flwr-serverapp"), timeout)
 
     def run_log(self, run_id: int) -> str:
         """The run's logs so far (the ServerApp's among them), as ``flwr log --show`` prints them."""
-        out = fc.flwr("log", str(run_id), CONNECTION, "--show", env=self.cli_env, cwd=self.app_dir, capture=True,
-                      timeout=120)
-        return out.stdout
+        return fc.flwr("log", str(run_id), CONNECTION, "--show", env=self.cli_env, cwd=self.app_dir, timeout=120)
 
     def run(self, config: dict, timeout: float = 1800) -> dict:
         """Submit a run, wait for it, and return its status and summary (``flower_cli.run_result``)."""

@@ -89,7 +89,7 @@ def image_env(env: dict, images: str) -> dict:
     if images == "official":
         return {}
     if _docker("image", "inspect", LOCAL_BASE, env=env, check=False).returncode != 0:
-        print(f"building {LOCAL_BASE} (debootstrap + pinned wheels; several minutes, once)", flush=True)
+        print(f"building {LOCAL_BASE} (a Debian root + the pinned wheels; minutes, once)", flush=True)
         subprocess.run(["bash", str(ROOT / "docker" / "build-local-base.sh")], env={**env, "PYTHON": sys.executable},
                        check=True)
     return {"SUPERLINK_IMAGE": LOCAL_BASE, "SUPERNODE_IMAGE": LOCAL_BASE, "BASE_IMAGE": LOCAL_BASE}
@@ -130,13 +130,14 @@ class ComposeStack:
         self._connect()
         if self.tls:
             for i in range(2):
-                out = fc.flwr("supernode", "register", str(self.certs_dir / "supernodes" / f"supernode-{i}.pub"),
-                              "docker", env=self.cli_env, cwd=ROOT, capture=True, timeout=120)
-                print(out.stdout.strip(), flush=True)
+                answer = fc.flwr("supernode", "register", str(self.certs_dir / "supernodes" / f"supernode-{i}.pub"),
+                                 "docker", "--format", "json", env=self.cli_env, cwd=ROOT, timeout=120)
+                print(f"registered supernode-{i}: node id {answer.get('node-id')}", flush=True)
             self.compose("up", "-d")
 
     def _connect(self) -> None:
-        """The CLI's connection to the published SuperLink; wait until it answers."""
+        """The CLI's connection to the published SuperLink; wait until ``flwr ls`` gets an answer
+        (its JSON says so: the CLI exits 0 also when it cannot connect)."""
         home = self.workdir / "cli"
         home.mkdir(exist_ok=True)
         security = f'root-certificates = "{self.certs_dir / "ca.crt"}"' if self.tls else "insecure = true"
@@ -144,10 +145,13 @@ class ComposeStack:
                                           f'address = "127.0.0.1:{self.port}"\n{security}\n')
         self.cli_env = fc.flower_env(home)
         deadline = time.monotonic() + 120
-        while fc.flwr("ls", "docker", "--format", "json", env=self.cli_env, cwd=ROOT, capture=True,
-                      timeout=60).returncode != 0:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the SuperLink container did not answer within 120 s")
+        while True:
+            try:
+                fc.list_runs("docker", env=self.cli_env, cwd=ROOT)
+                return
+            except fc.FlowerCliError as err:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the SuperLink container did not answer within 120 s: {err}") from err
             time.sleep(2)
 
     def run(self, run_config: dict, timeout: float) -> dict:
@@ -155,9 +159,19 @@ class ComposeStack:
         config = fc.resolve_config({**run_config, "results-dir": "/app/results"}, ROOT, self.results)
         config["results-dir"] = "/app/results"
         app = stage_app(ROOT, self.results.parent / "app")  # flwr run's FAB build skips .venv
-        fc.flwr("run", str(app), "docker", "--run-config", fc.toml_overrides(config), "--stream",
-                env=self.cli_env, cwd=ROOT, timeout=timeout)
-        runs = fc.list_runs("docker", env=self.cli_env, cwd=ROOT)
+        run_id = fc.submit_run(app, "docker", config=config, env=self.cli_env, cwd=ROOT)
+        print(f"run {run_id} submitted; its log:", flush=True)
+        try:  # ends when the run has finished; a broken stream only costs the log
+            fc.flwr("log", str(run_id), "docker", "--stream", env=self.cli_env, cwd=ROOT, timeout=timeout, echo=True)
+        except fc.FlowerCliError as err:
+            print(f"(log stream ended: {err})", flush=True)
+
+        def mine() -> list[dict]:
+            return fc.list_runs("docker", env=self.cli_env, cwd=ROOT, run_id=run_id)
+
+        runs = mine()  # the log stream ends with the run, so it has usually finished; else wait for it
+        if not fc.finished(runs):
+            runs = fc.wait_for_run(mine, lambda: False, timeout)  # its processes are in the containers
         return fc.run_result(runs, {**config, "results-dir": str(self.results)})
 
     def down(self) -> None:

@@ -2,6 +2,8 @@
 
 Both start Flower servers they must stop again, both submit a run with ``flwr run`` (which exits 0
 even when the run failed) and both judge it by ``flwr ls --format json`` and the run's summary.json.
+Every ``flwr`` command goes through ``flwr``, which reads Flower's JSON answer (the CLI exits 0 even
+when it cannot reach the SuperLink) and raises ``FlowerCliError`` with Flower's own message.
 """
 
 from __future__ import annotations
@@ -127,10 +129,15 @@ def wait_for_run(runs_of: Callable[[], list[dict]], running: Callable[[], bool],
         waited = time.monotonic() - asked
         if (seen and not alive) or waited >= (LS_EVERY_S if seen else START_LS_EVERY_S):
             runs, asked = runs_of(), time.monotonic()
-            if runs and all(str(r.get("status", "")).startswith("finished") for r in runs):
+            if finished(runs):
                 return runs
         time.sleep(0.5)
     return runs_of()
+
+
+def finished(runs: list[dict]) -> bool:
+    """Whether there are runs and every one has finished (``finished:completed``, ``:failed``, ...)."""
+    return bool(runs) and all(str(r.get("status", "")).startswith("finished") for r in runs)
 
 
 def running_below(pid: int, name: str) -> bool:
@@ -251,25 +258,61 @@ NOISE = (
 LOCAL_CONFIG = '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
 
 
-def flwr(*args: str, env: dict, cwd: Path, capture: bool = False, timeout: float | None = None):
-    return subprocess.run([bin_path("flwr"), *args], cwd=cwd, env=env, text=True, capture_output=capture,
-                          timeout=timeout)
+class FlowerCliError(RuntimeError):
+    """A ``flwr`` command that failed, with Flower's own reason: the CLI exits 0 when it cannot reach
+    the SuperLink and says so only in its JSON (``"success": false``), so no caller may trust the exit
+    status alone."""
 
 
-def flwr_streamed(*args: str, env: dict, cwd: Path, timeout: float | None = None) -> int:
-    """``flwr ...`` with its output passed through, less Flower's lines in ``NOISE``; the child is
-    stopped if this process is interrupted (a signal, Ctrl-C) or the timeout passes."""
-    proc = subprocess.Popen([bin_path("flwr"), *args], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, bufsize=1)
+def flwr(*args: str, env: dict, cwd: Path, timeout: float | None = None, echo: bool = False):
+    """``flwr <args>``: the one way this project calls the Flower CLI.
+
+    With ``--format json`` among ``args``: the parsed answer; ``FlowerCliError`` carrying Flower's
+    ``error-message`` when ``success`` is false or the output is not its JSON. Other commands (``flwr
+    log``, ``flwr run --stream``, which have no JSON answer): their output, and ``FlowerCliError`` on a
+    non-zero exit status. ``echo`` passes the output through as it comes, less Flower's lines in
+    ``NOISE``; the child is stopped if this process is interrupted or ``timeout`` s pass.
+    """
+    cmd = [bin_path("flwr"), *args]
+    label = "flwr " + " ".join(args[:2])
+    try:
+        code, out = _echoed(cmd, env, cwd, timeout) if echo else _captured(cmd, env, cwd, timeout)
+    except subprocess.TimeoutExpired:
+        raise FlowerCliError(f"{label}: no answer within {timeout:.0f} s") from None
+    if ("--format", "json") not in zip(args, args[1:]):
+        if code != 0:
+            raise FlowerCliError(f"{label}: exit status {code}: {out.strip()[-2000:]}")
+        return out
+    try:
+        answer = json.JSONDecoder().raw_decode(out, out.index("{"))[0]  # stdout first; stderr after it
+    except ValueError:  # no "{" or not JSON
+        raise FlowerCliError(f"{label}: exit status {code}, no JSON answer: {out.strip()[-2000:]}") from None
+    if answer.get("success") is not True:
+        raise FlowerCliError(f"{label}: {answer.get('error-message') or answer}")
+    return answer
+
+
+def _captured(cmd: list[str], env: dict, cwd: Path, timeout: float | None) -> tuple[int, str]:
+    """Exit status and stdout (stderr appended: Flower's text errors go there)."""
+    done = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
+    return done.returncode, done.stdout + (("\n" + done.stderr) if done.stderr else "")
+
+
+def _echoed(cmd: list[str], env: dict, cwd: Path, timeout: float | None) -> tuple[int, str]:
+    """Exit status and output, each line passed through as it comes (less ``NOISE``)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            bufsize=1)
     deadline = None if timeout is None else time.monotonic() + timeout
+    lines: list[str] = []
     try:
         for line in proc.stdout:
+            lines.append(line)
             if not any(noise in line for noise in NOISE):
                 sys.stdout.write(line)
                 sys.stdout.flush()
             if deadline is not None and time.monotonic() > deadline:
-                break
-        return proc.wait(timeout=5)
+                raise subprocess.TimeoutExpired(cmd, timeout)
+        return proc.wait(timeout=5), "".join(lines[-200:])
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -279,13 +322,20 @@ def flwr_streamed(*args: str, env: dict, cwd: Path, timeout: float | None = None
                 proc.kill()
 
 
-def list_runs(*connection: str, env: dict, cwd: Path) -> list[dict]:
-    """``flwr ls [connection] --format json`` as a list of runs (empty if it cannot be read)."""
-    out = flwr("ls", *connection, "--format", "json", env=env, cwd=cwd, capture=True, timeout=120)
-    try:
-        return json.loads(out.stdout).get("runs", [])
-    except json.JSONDecodeError:
-        return []
+def list_runs(*connection: str, env: dict, cwd: Path, run_id: int | None = None) -> list[dict]:
+    """``flwr ls [connection] [--run-id N] --format json``: the runs the SuperLink lists (only run
+    ``run_id`` when given); ``FlowerCliError`` with Flower's reason when it cannot answer."""
+    selected = ("--run-id", str(run_id)) if run_id is not None else ()
+    return flwr("ls", *connection, *selected, "--format", "json", env=env, cwd=cwd, timeout=120).get("runs", [])
+
+
+def submit_run(app: Path, *connection: str, config: dict, env: dict, cwd: Path, extra: tuple[str, ...] = (),
+               timeout: float = 300) -> int:
+    """``flwr run <app> [connection] --format json`` without waiting: the new run's id;
+    ``FlowerCliError`` with Flower's reason when no run started."""
+    answer = flwr("run", str(app), *connection, "--run-config", toml_overrides(config), *extra, "--format", "json",
+                  env=env, cwd=cwd, timeout=timeout)
+    return int(answer["run-id"])
 
 
 def resolve_config(run_config: dict, app_dir: Path, results_dir: Path) -> dict:
@@ -300,7 +350,7 @@ def resolve_config(run_config: dict, app_dir: Path, results_dir: Path) -> dict:
 
 def run_result(runs: list[dict], config: dict) -> dict:
     """The newest run's status plus the summary.json the ServerApp wrote (None if it wrote none)."""
-    run = max(runs, key=lambda r: r.get("run-id", 0), default={})
+    run = max(runs, key=lambda r: int(r.get("run-id") or 0), default={})  # flwr ls gives ids as text
     result_dir = Path(config["results-dir"]) / config["run-name"]
     summary_file = result_dir / "summary.json"
     details = run.get("status-details", "")

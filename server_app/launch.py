@@ -81,12 +81,13 @@ class LocalSimulationLink:
         print(f"error: {reason}; stopping the run", file=sys.stderr, flush=True)
         fc.stop(self.proc, grace=5)
 
-    def flwr(self, *args: str, timeout: float | None = None):
-        return fc.flwr(*args, env=self.env, cwd=self.app_dir, timeout=timeout)
+    def check_ray(self) -> None:
+        """Raise ``RayHeadEnded`` if the Ray head died (the SuperLink was stopped: nothing to ask)."""
+        if self.ray is not None and self.ray.failure is not None:
+            raise RayHeadEnded(self.ray.failure)
 
     def runs(self) -> list[dict]:
-        if self.ray is not None and self.ray.failure is not None:  # the SuperLink was stopped: nothing to ask
-            raise RayHeadEnded(self.ray.failure)
+        self.check_ray()
         return fc.list_runs(env=self.env, cwd=self.app_dir)
 
     def simulation_running(self) -> bool:
@@ -108,11 +109,13 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     try:
         with LocalSimulationLink(app_dir, home, started or time.time()) as link:
             args = ["run", str(link.app), "--run-config", fc.toml_overrides(config), "--federation-config", federation]
-            runs, ray_failure = [], None
+            runs, ray_failure, cli_failure = [], None, None
             try:
                 runs = _submit_and_wait(link, args, app_dir, stream, timeout)
             except RayHeadEnded as ended:
                 ray_failure = str(ended)
+            except fc.FlowerCliError as err:  # the SuperLink stopped answering: the run's end is unknown
+                cli_failure = str(err)
             if runs is None:  # nothing to wait for
                 return {"status": "not-submitted", "run_id": None, "summary": None, "min_replies": cfg["min-replies"],
                         "results_dir": str(Path(config["results-dir"]) / config["run-name"]),
@@ -123,22 +126,27 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     result = {**fc.run_result(runs, config), "min_replies": cfg["min-replies"]}
     if ray_failure is not None:
         result.update(status="finished:failed", details=ray_failure)
+    elif cli_failure is not None:
+        result.update(status="unknown", details=cli_failure)
     return result
 
 
 def _submit_and_wait(link: LocalSimulationLink, args: list[str], app_dir: Path, stream: bool,
                      timeout: float) -> list[dict] | None:
-    """``flwr run`` on the link; the runs once finished, or None if no run was submitted."""
+    """``flwr run`` on the link; the runs once finished, or None if no run was submitted (Flower's
+    reason in ``link.not_submitted``)."""
     if stream:
-        fc.flwr_streamed(*args, "--stream", env=link.env, cwd=app_dir, timeout=timeout)
-        return link.runs()
-    submitted = fc.flwr(*args, env=link.env, cwd=app_dir, capture=True, timeout=timeout)
-    # flwr returns after submitting; without a run, stop. Its own line says so; only without it is
-    # the SuperLink asked (``flwr ls``, 1 s of CPU in the middle of the start-up)
-    started = submitted.returncode == 0 and "Successfully started run" in submitted.stdout
-    if not started and (submitted.returncode != 0 or not link.runs()):
-        link.not_submitted = (f"flwr run exited {submitted.returncode} without starting a run: "
-                              + (submitted.stdout + submitted.stderr).strip()[-2000:])
+        try:
+            fc.flwr(*args, "--stream", env=link.env, cwd=app_dir, timeout=timeout, echo=True)
+        except fc.FlowerCliError as err:  # refused, or the stream broke off: it counts if no run started
+            link.not_submitted = str(err)
+        runs = link.runs()
+        return runs if runs or not link.not_submitted else None
+    try:  # its JSON answer says whether a run started: no ``flwr ls`` in the middle of the start-up
+        fc.flwr(*args, "--format", "json", env=link.env, cwd=app_dir, timeout=timeout)
+    except fc.FlowerCliError as err:
+        link.check_ray()
+        link.not_submitted = str(err)
         return None
     return _wait_finished(link, timeout)
 
