@@ -63,10 +63,15 @@ deploy-netns: $(STAMP)
 	$(BIN)/python -m server_app.netns --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
 	  --run-config "$(DEPLOY_CONFIG)"
 
-# Debian's docker engine and compose v1, and debootstrap for the local base image (root)
+# Debian's docker engine and compose v1, and mmdebstrap/debootstrap for the local base image (root)
 docker-setup:
-	command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v debootstrap >/dev/null \
-	  || (apt-get update -q && apt-get install -y -q docker.io docker-compose debootstrap)
+	command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v mmdebstrap >/dev/null \
+	  || (apt-get update -q && apt-get install -y -q docker.io docker-compose mmdebstrap debootstrap)
+
+# what every deployment path needs on a bare machine: the docker packages and iproute2 (root)
+.PHONY: deploy-setup
+deploy-setup: docker-setup
+	command -v ip >/dev/null || (apt-get update -q && apt-get install -y -q iproute2)
 
 # the local stand-in for the official flwr/* images (needs a running docker engine)
 docker-base: $(STAMP)
@@ -80,6 +85,14 @@ docker-run: $(STAMP) docker-setup
 test-deploy: $(STAMP)
 	$(BIN)/python -m pytest -q -m "deploy or long" tests/test_deployment.py tests/test_deployment_nodes.py \
 	  tests/test_deployment_docker.py tests/test_deployment_netns.py
+
+# CI's deployment smoke (under 10 minutes on 2 cores, root): a flwr run simulation, SuperLink + 2 SuperNodes
+# with TLS and node authentication, network namespaces, docker compose; 2 rounds each on digits. A setup
+# that fails does not stop it: each test then fails with what is missing
+.PHONY: test-deploy-smoke
+test-deploy-smoke: $(STAMP)
+	-$(MAKE) --no-print-directory deploy-setup
+	$(BIN)/python -m pytest -q --durations=0 -m smoke_deploy tests/test_deploy_smoke.py
 
 # deployed round vs simulated round, fedavg on mnist5k, 2 and 4 SuperNodes (README table)
 bench-deploy: $(STAMP)

@@ -47,3 +47,22 @@ def inprocess(tmp_path):
         return run_inprocess(tmp_path, num_clients, faults, **overrides)
 
     return _run
+
+
+SMOKE_MARK = "smoke_deploy"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{SMOKE_MARK}: the deployment smoke of `make test-deploy-smoke` (root, "
+                                       "docker, namespaces; minutes); runs only when -m names it")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave the deployment smoke out of every run whose ``-m`` does not name it (``make test``,
+    ``make test-long``): it needs root and starts daemons, and CI runs it on its own."""
+    if SMOKE_MARK in (config.option.markexpr or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker(SMOKE_MARK) is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker(SMOKE_MARK)])
+        items[:] = kept
