@@ -38,8 +38,10 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(BIN)/python -m server_app.launch --supernodes $(CLIENTS) --run-config "$(RUN_CONFIG)"
 
+# the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests
 
 bench: $(STAMP)
 	$(BIN)/python -m server_app.compare $(PRESET)
@@ -106,6 +108,7 @@ bench-sim: $(STAMP)
 readme: $(STAMP)
 	$(BIN)/python -m benchmarks.readme_tables
 
-# the tests left out of `make test` (minutes each: flwr run resume, docker compose, namespaces, churn)
+# the tests left out of `make test` (minutes each: real flwr runs and deployments, resume after SIGKILL,
+# docker compose, namespaces, churn, 1,000 fuzzed replies per method), one at a time
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -q -m long tests

@@ -21,14 +21,10 @@ from pathlib import Path
 
 from server_app import flower_cli as fc
 from server_app.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
-from server_app.ray_head import RayHead
+from server_app.ray_head import RayHead, RayHeadEnded
 from server_app.staged_app import stage_app
 
 COMMAND_T0 = time.time()  # when this command started: start-up time is measured from here
-
-
-class RayHeadEnded(RuntimeError):
-    """The Ray head exited under a run (``RayHead.watch``); the run was stopped."""
 
 
 class LocalSimulationLink:
@@ -51,7 +47,11 @@ class LocalSimulationLink:
 
     def __enter__(self) -> LocalSimulationLink:
         self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "config.toml").write_text(fc.LOCAL_CONFIG)
+        # the SuperLink's own address, not Flower's ":local:": with ":local:" a ``flwr`` command that
+        # finds this SuperLink stopped (its Ray head died) starts a managed SuperLink of its own, which
+        # outlived the launch; with an address it fails with Flower's reason instead
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
         with ExitStack() as stack:  # stops what started so far if the start fails
             # Ray, the SuperLink and the staged app start side by side; flwr-simulation joins this Ray
             ray = stack.enter_context(RayHead(self.env, self.app_dir, self.home / "ray.log", avoid_ports=(self.port,)))
@@ -82,9 +82,12 @@ class LocalSimulationLink:
         fc.stop(self.proc, grace=5)
 
     def check_ray(self) -> None:
-        """Raise ``RayHeadEnded`` if the Ray head died (the SuperLink was stopped: nothing to ask)."""
-        if self.ray is not None and self.ray.failure is not None:
-            raise RayHeadEnded(self.ray.failure)
+        """Raise ``RayHeadEnded`` if the Ray head died, whether its watch saw it first or not (the
+        SuperLink was then stopped: nothing to ask)."""
+        if self.ray is not None:
+            if self.ray.failure is not None:
+                raise RayHeadEnded(self.ray.failure)
+            self.ray.check_alive()
 
     def runs(self) -> list[dict]:
         self.check_ray()
@@ -106,20 +109,21 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     federation = (f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client} "
                   f"client-resources-num-gpus={gpus_per_client}")
     home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
+    runs, ray_failure, cli_failure = [], None, None
     try:
         with LocalSimulationLink(app_dir, home, started or time.time()) as link:
             args = ["run", str(link.app), "--run-config", fc.toml_overrides(config), "--federation-config", federation]
-            runs, ray_failure, cli_failure = [], None, None
             try:
                 runs = _submit_and_wait(link, args, app_dir, stream, timeout)
-            except RayHeadEnded as ended:
-                ray_failure = str(ended)
             except fc.FlowerCliError as err:  # the SuperLink stopped answering: the run's end is unknown
                 cli_failure = str(err)
+            link.check_ray()  # a run that ended because its head died ends with the head's reason
             if runs is None:  # nothing to wait for
                 return {"status": "not-submitted", "run_id": None, "summary": None, "min_replies": cfg["min-replies"],
                         "results_dir": str(Path(config["results-dir"]) / config["run-name"]),
                         "details": link.not_submitted}
+    except RayHeadEnded as ended:  # the head died during the start-up or under the run: one verdict for both
+        ray_failure = str(ended)
     finally:
         if flwr_home is None:
             shutil.rmtree(home, ignore_errors=True)

@@ -48,6 +48,11 @@ START_WITHOUT_CLIENT_SERVER = ("import sys; import ray.scripts.scripts as cli; "
                                "sys.argv[0] = 'ray'; sys.exit(cli.main())")
 
 
+class RayHeadEnded(RuntimeError):
+    """The Ray head exited before it was stopped: during the launch's start-up (``check_alive``) or
+    under its run (``watch``); the launch ends with this reason either way."""
+
+
 class RayHead:
     """``ray start --head --block`` with free ports and its own session folder; a context manager."""
 
@@ -110,7 +115,8 @@ class RayHead:
         """Fail now, with the log to read, if ``ray start`` has already exited (a joining ``ray.init``
         waits for a head that is still starting, so nothing waits for it to be ready)."""
         if self.proc.poll() is not None:
-            raise RuntimeError(self._exit_reason())
+            self.failure = self._exit_reason()
+            raise RayHeadEnded(self.failure)
 
     def __exit__(self, *exc) -> None:
         self._stopping.set()
