@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import sys
@@ -308,7 +309,8 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
                    ("best-of-test acc (client mean, optimistic)", "best_client_acc_mean")]
     lines = [
         f"Setting: {setting}; {spec.get('supernodes', 10)} clients; engine {engine}.",
-        "Accuracy in % (personalised: each client's model on its own test split), mean ± std over seeds."
+        "Accuracy in % (personalised: each client's model on its own test split), "
+        + ("1 seed, so no ± (no spread over seeds)." if all(r["seeds"] == 1 for r in rows) else "mean ± std over seeds.")
         + (" Best-val round: the evaluated round with the highest accuracy on the clients' validation splits "
            "(val-fraction of their training data), never chosen on test." if any(validated) else ""),
         "",
@@ -318,12 +320,11 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
         "|---|---|---|" + "---|" * len(chosen) + "---|---|---|---|" + ("---|" if target is not None else ""),
     ]
 
-    def pct(mean, std):
-        return "-" if np.isnan(mean) else f"{100 * mean:.2f} ± {100 * std:.2f}"
-
     wanted = len(spec["seeds"]) if "seeds" in spec else max((r["seeds"] for r in rows), default=0)
     for r in rows:
-        label = r["method"] if r["seeds"] == wanted else f"{r['method']} ({r['seeds']} seed{'s' * (r['seeds'] > 1)})"
+        one = r["seeds"] == 1  # no spread to show: the row or the header says "1 seed" instead of "± 0.00"
+        label = r["method"] if r["seeds"] == wanted else f"{r['method']} ({r['seeds']} seed{'s' * (not one)})"
+        pct = functools.partial(pct_cell, one_seed=one)
         picked = "".join(f"| {pct(r.get(key, np.nan), r.get(key + '_std', np.nan))} " for _, key in chosen)
         lines.append(
             f"| {label} | {pct(r['final_acc'], r['final_acc_std'])} "
@@ -338,6 +339,17 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
     if failed:
         lines += ["", "Failed runs: " + "; ".join(failed)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def pct_cell(mean: float, std: float, one_seed: bool = False) -> str:
+    """An accuracy cell in %: "98.75 ± 0.10" over seeds; no ± for one seed (the row says "1 seed");
+    "± <0.01" where seeds agree to two decimals (never a "± 0.00" that reads as one seed)."""
+    if np.isnan(mean):
+        return "-"
+    if one_seed:
+        return f"{100 * mean:.2f}"
+    spread = f"{100 * std:.2f}"
+    return f"{100 * mean:.2f} ± {'<0.01' if spread == '0.00' else spread}"
 
 
 def _rounds_cell(row: dict) -> str:
