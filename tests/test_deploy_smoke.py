@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import pytest
 from server_app import docker_stack, netns
 from server_app.deploy_local import deploy
 from server_app.launch import simulate
-from tests.test_launch import _flower_processes
+from tests.test_launch import _flower_processes, _gone
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.smoke_deploy
@@ -37,9 +36,7 @@ def _config(tmp_path: Path) -> dict:
 def _assert_completed_and_nothing_left(result: dict, tmp_path: Path) -> None:
     assert result["status"] == "finished:completed", result
     assert result["summary"]["num_clients"] == 2 and result["summary"]["final_acc"] is not None, result
-    deadline = time.monotonic() + 30  # a process killed at the end stays a zombie for a moment
-    while (left := _flower_processes(str(tmp_path))) and time.monotonic() < deadline:
-        time.sleep(0.5)  # polling only: what is left at the end decides, not how long it took
+    left = _gone(lambda: _flower_processes(str(tmp_path)))  # a process killed at the end stays a zombie for a moment
     assert not left, left
 
 

@@ -25,6 +25,7 @@ from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import REGISTRY
+from tests.conftest import SMALL_MUPFL
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 LONG_EXAMPLES = 1000
@@ -58,7 +59,7 @@ class Round:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         # MuPFL's server matches 100 features per class for 100 steps at its defaults (2 s a round);
         # validation and aggregation are the same at a small PKCF
-        small = {"mupfl.features-per-class": 8, "mupfl.match-steps": 5} if method == "mupfl" else {}
+        small = SMALL_MUPFL if method == "mupfl" else {}
         cfg = Config.from_run_config({"method": method, "dataset": "digits", **small})
         strategy = REGISTRY[method].strategy(cfg, fake_clients(CLIENTS), model_facts("auto", (1, 8, 8), 10, 0))
         rng = np.random.default_rng(0)
