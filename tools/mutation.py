@@ -1,0 +1,207 @@
+"""Mutation testing of the paper methods (mutmut 3): ``python -m tools.mutation fedsac``.
+
+Each method is mutated in its own copy of the project (``.mutation/<method>/``), so that methods can run
+side by side and the working tree is never touched. Only the method's own modules are mutated and only its
+fast tests run against each mutant. The report (docs/results/mutation/<method>.md) counts killed and
+surviving mutants; a survivor listed in tests/mutation/<method>.toml as equivalent (same behaviour) or out
+of scope (logging, error text) is left out of the ratio, with its one-line reason shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutation"
+REPORTS = ROOT / "docs" / "results" / "mutation"
+ANNOTATIONS = ROOT / "tests" / "mutation"
+TARGET_RATIO = 0.90
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is mutated for one method and which fast tests judge each mutant."""
+
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+TARGETS: dict[str, Target] = {
+    "pfedpm": Target(("fedstrategies/pfedpm.py", "fedstrategies/prototypes.py", "clients/pfedpm.py"),
+                     ("tests/test_pfedpm.py",)),
+    "fedmcsa": Target(("fedstrategies/fedmcsa.py", "fedstrategies/fedmcsa_math.py", "clients/fedmcsa.py"),
+                      ("tests/test_fedmcsa.py",)),
+    "fedfcd": Target(("fedstrategies/fedfcd.py", "fedstrategies/fedfcd_math.py", "clients/fedfcd.py"),
+                     ("tests/test_fedfcd.py",)),
+    "mupfl": Target(("fedstrategies/mupfl.py", "fedstrategies/mupfl_math.py", "clients/mupfl.py", "clients/bavd.py",
+                     "fedcore/class_gradients.py"),
+                    ("tests/test_mupfl.py", "tests/test_mupfl_federation.py")),
+    "fedsac": Target(("fedstrategies/fedsac.py", "fedstrategies/fedsac_math.py", "clients/fedsac.py"),
+                     ("tests/test_fedsac.py",)),
+}
+
+# Verdicts of mutmut 3 (`mutmut results --all true`) that count as a test catching the mutant.
+CAUGHT = {"killed", "timeout", "caught by type check", "segfault"}
+SURVIVED = {"survived", "no tests"}
+
+
+def _copy_project(dest: Path) -> None:
+    """The tracked and untracked-but-not-ignored files of the project, as a fresh tree."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    if dest.exists():
+        shutil.rmtree(dest)
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def _mutmut_config(target: Target, workers: int) -> str:
+    lists = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
+    packages = ["fedcore", "fedstrategies", "clients", "server_app", "partitions"]
+    return "\n".join([
+        "", "[tool.mutmut]",
+        f"source_paths = {lists(packages)}",
+        f"only_mutate = {lists(target.modules)}",
+        f"also_copy = {lists(['benchmarks', 'conf', 'tools'])}",
+        f"pytest_add_cli_args_test_selection = {lists(target.tests)}",
+        # one process per mutant, no xdist inside it; the suite's timeout still ends a hung mutant
+        'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-x", "-q"]',
+        'process_isolation = "forkserver"',
+        "",
+    ])
+
+
+def run(method: str, workers: int, fresh: bool) -> float:
+    target = TARGETS[method]
+    work = WORK / method
+    if fresh or not work.exists():
+        _copy_project(work)
+    else:  # keep mutmut's cache of verdicts; refresh the sources and tests
+        for name in filter(None, subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                                                check=True, capture_output=True).stdout.decode().split("\0")):
+            if (ROOT / name).is_file():
+                (work / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, work / name)
+    pyproject = work / "pyproject.toml"
+    pyproject.write_text((ROOT / "pyproject.toml").read_text() + _mutmut_config(target, workers))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFL_SCHEMA_CACHE": "0", "PYTHONHASHSEED": "0"}
+    mutmut = [sys.executable, "-m", "mutmut"]
+    subprocess.run([*mutmut, "run", "--max-children", str(workers)], cwd=work, env=env, check=False)
+    listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env, check=True,
+                             capture_output=True, text=True).stdout
+    return write_report(method, parse_results(listing))
+
+
+def parse_results(listing: str) -> dict[str, str]:
+    """``mutant name -> verdict`` from ``mutmut results --all true`` (lines ``    name: verdict``)."""
+    verdicts = {}
+    for line in listing.splitlines():
+        name, sep, verdict = line.strip().rpartition(": ")
+        if sep and name:
+            verdicts[name] = verdict.strip()
+    return verdicts
+
+
+def load_annotations(method: str) -> dict[str, tuple[str, str]]:
+    """``mutant name -> (kind, reason)`` for survivors judged equivalent or out of scope."""
+    path = ANNOTATIONS / f"{method}.toml"
+    if not path.exists():
+        return {}
+    data = tomllib.loads(path.read_text())
+    notes = {}
+    for kind in ("equivalent", "out-of-scope"):
+        for name, reason in data.get(kind, {}).items():
+            if not reason.strip():
+                raise ValueError(f"{path}: {name} is marked {kind} without a reason")
+            notes[name] = (kind, reason)
+    return notes
+
+
+def summarise(verdicts: dict[str, str], notes: dict[str, tuple[str, str]]) -> dict:
+    killed = sorted(n for n, v in verdicts.items() if v in CAUGHT)
+    survived = sorted(n for n, v in verdicts.items() if v in SURVIVED)
+    excused = {n: notes[n] for n in survived if n in notes}
+    open_ = [n for n in survived if n not in excused]
+    other = sorted(n for n, v in verdicts.items() if v not in CAUGHT | SURVIVED)
+    scored = len(killed) + len(open_)
+    return {"killed": killed, "survived": open_, "excused": excused, "other": other,
+            "ratio": len(killed) / scored if scored else 1.0,
+            "stale_notes": sorted(n for n in notes if n not in verdicts)}
+
+
+def write_report(method: str, verdicts: dict[str, str]) -> float:
+    s = summarise(verdicts, load_annotations(method))
+    target = TARGETS[method]
+    equivalent = sum(1 for kind, _ in s["excused"].values() if kind == "equivalent")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    lines = [
+        f"# Mutation testing: {method}",
+        "",
+        f"Made by `make mutation METHOD={method}` (`python -m tools.mutation {method}`, mutmut 3) at commit "
+        f"`{commit}`. Mutated: {', '.join(f'`{m}`' for m in target.modules)}. Tests run against each mutant: "
+        f"{', '.join(f'`{t}`' for t in target.tests)}.",
+        "",
+        "| mutants | killed | survived | equivalent | out of scope | not run | kill ratio (killed / (killed + survived)) |",
+        "|---|---|---|---|---|---|---|",
+        f"| {len(verdicts)} | {len(s['killed'])} | {len(s['survived'])} | {equivalent} | "
+        f"{len(s['excused']) - equivalent} | {len(s['other'])} | {s['ratio']:.3f} |",
+        "",
+    ]
+    if s["survived"]:
+        lines += ["## Surviving mutants (no test fails)", ""] + [f"- `{n}`" for n in s["survived"]] + [""]
+    if s["excused"]:
+        lines += ["## Survivors left out of the ratio", "", "| mutant | kind | why |", "|---|---|---|"]
+        lines += [f"| `{n}` | {kind} | {reason} |" for n, (kind, reason) in sorted(s["excused"].items())]
+        lines += [""]
+    if s["other"]:
+        lines += ["## Not run (mutmut gave no verdict)", ""]
+        lines += [f"- `{n}`: {verdicts[n]}" for n in s["other"]] + [""]
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    path = REPORTS / f"{method}.md"
+    path.write_text("\n".join(lines))
+    print(f"{method}: {len(s['killed'])} killed, {len(s['survived'])} survived, {len(s['excused'])} excused, "
+          f"ratio {s['ratio']:.3f} -> {path.relative_to(ROOT)}")
+    if s["stale_notes"]:
+        print(f"note: {len(s['stale_notes'])} annotated mutants no longer exist: {', '.join(s['stale_notes'])}")
+    return s["ratio"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("methods", nargs="*", default=list(TARGETS), help=f"any of {', '.join(TARGETS)}")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--fresh", action="store_true", help="forget mutmut's cached verdicts")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the last run's verdicts")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.methods if m not in TARGETS]
+    if unknown:
+        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
+    below = []
+    for method in args.methods:
+        if args.report_only:
+            listing = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"],
+                                     cwd=WORK / method, check=True, capture_output=True, text=True).stdout
+            ratio = write_report(method, parse_results(listing))
+        else:
+            ratio = run(method, args.workers, args.fresh)
+        if ratio < TARGET_RATIO:
+            below.append(f"{method} {ratio:.3f}")
+    if below:
+        print(f"below the {TARGET_RATIO:.2f} target: {', '.join(below)}")
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
