@@ -46,6 +46,17 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m server_app.compare $(PRESET)
 
+# one paper preset by name (conf/<P>.toml), reusing the runs it already finished: make paper P=fedsac-mnist5k-iid
+.PHONY: paper tables
+paper: $(STAMP)
+	@test -n "$(P)" || (echo "usage: make paper P=<preset>, one of:"; ls conf | sed -n 's/\.toml$$//p'; exit 2)
+	$(BIN)/python -m server_app.compare conf/$(P).toml --reuse
+
+# every comparison table in docs/results rebuilt from its preset (hours on 2 cores; ONLY=name,name for some),
+# then README's and docs' copies refreshed; BENCHMARKS=1 also reruns the speed benchmarks' tables
+tables: $(STAMP)
+	$(BIN)/python -m benchmarks.tables $(if $(ONLY),--only $(ONLY)) $(if $(BENCHMARKS),--benchmarks)
+
 bench-server: $(STAMP)
 	$(BIN)/python -m benchmarks.server_time --clients 10,100,1000 --out docs/results/server-time
 

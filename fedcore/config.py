@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedcore.paper_settings import resolve_auto
+
 
 class ConfigError(ValueError):
     """A run-config key or value is wrong; the message says which and what is allowed."""
@@ -28,10 +30,13 @@ class Key:
     high: float | None = None  # inclusive upper bound
     low_open: bool = False  # the lower bound itself is not allowed
     high_open: bool = False  # the upper bound itself is not allowed
+    kind: str = ""  # the value's type ("int", "float", "bool") where the default is "auto" and so cannot fix it
 
     def check(self, name: str, value: Any) -> Any:
         """Return ``value`` coerced to this key's type, or raise ``ConfigError``."""
-        kind = type(self.default)
+        if self.kind and value == "auto":  # filled in from the method's paper setting (fedcore/paper_settings.py)
+            return value
+        kind = {"int": int, "float": float, "bool": bool}[self.kind] if self.kind else type(self.default)
         if kind is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"'{name}' must be true or false, got {value!r}")
@@ -63,6 +68,9 @@ class Key:
         return value
 
 
+AUTO_HELP = "; auto = the method's paper setting for the dataset, else the project default (fedcore/paper_settings.py)"
+
+
 def _common_keys() -> dict[str, Key]:
     # Imported here so that fedcore.config stays importable without torch for tooling.
     from fedcore.models import MODELS
@@ -74,17 +82,19 @@ def _common_keys() -> dict[str, Key]:
         "normalize": Key("dataset", "input scaling: the dataset's own mean/std, (x-0.5)/0.5 ('half', as PFLlib and "
                          "Flower baselines), or [0, 1] ('unit')", choices=("dataset", "half", "unit")),
         "partition": Key("pathological", "how the data is split across clients", choices=tuple(PARTITIONS)),
-        "model": Key("auto", "model architecture; auto picks one for the dataset", choices=("auto", *MODELS)),
+        "model": Key("auto", "model architecture; auto = the method's paper model for the dataset "
+                     "(fedcore/paper_settings.py), else one picked for the input shape", choices=("auto", *MODELS)),
         "num-server-rounds": Key(20, "federated rounds", low=1),
         "seed": Key(0, "one seed for partitioning, initialisation and sampling", low=0),
-        "local-epochs": Key(1, "local epochs per round", low=1),
-        "local-steps": Key(0, "local SGD steps per round instead of epochs (reshuffled across epochs); 0 = use epochs",
-                           low=0),
-        "batch-size": Key(10, "local mini-batch size", low=1),
-        "lr": Key(0.05, "local SGD learning rate", low=0.0, low_open=True),
-        "momentum": Key(0.0, "local SGD momentum", low=0.0, high=1.0),
-        "weight-decay": Key(0.0, "local SGD weight decay", low=0.0),
-        "fraction-train": Key(1.0, "fraction of clients that train each round", low=0.0, high=1.0, low_open=True),
+        "local-epochs": Key("auto", "local epochs per round" + AUTO_HELP, kind="int", low=1),
+        "local-steps": Key("auto", "local SGD steps per round instead of epochs (reshuffled across epochs); 0 = use "
+                           "epochs" + AUTO_HELP, kind="int", low=0),
+        "batch-size": Key("auto", "local mini-batch size" + AUTO_HELP, kind="int", low=1),
+        "lr": Key("auto", "local SGD learning rate" + AUTO_HELP, kind="float", low=0.0, low_open=True),
+        "momentum": Key("auto", "local SGD momentum" + AUTO_HELP, kind="float", low=0.0, high=1.0),
+        "weight-decay": Key("auto", "local SGD weight decay" + AUTO_HELP, kind="float", low=0.0),
+        "fraction-train": Key("auto", "fraction of clients that train each round" + AUTO_HELP, kind="float", low=0.0,
+                              high=1.0, low_open=True),
         "min-replies": Key(1, "fewest valid replies a round needs to update the server state", low=1),
         "reply-norm-bound": Key(100.0, "drop a reply whose record norm exceeds this many times the round's median "
                                 "norm (or the server state's); 0 = off", low=0.0),
@@ -192,8 +202,10 @@ def parse_fault_kinds(text: str) -> tuple[str, ...]:
 class Config(Mapping):
     """A validated run config: every key present, typed and in range."""
 
-    def __init__(self, values: dict[str, Any]):
+    def __init__(self, values: dict[str, Any], auto_sources: dict[str, str] | None = None):
         self._values = dict(values)
+        # the keys left at "auto" and where their values came from (a method's paper setting or the project default)
+        self.auto_sources = dict(auto_sources or {})
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], keys: dict[str, Key] | None = None) -> Config:
@@ -208,7 +220,10 @@ class Config(Mapping):
         values = {name: key.check(name, run_config.get(name, key.default)) for name, key in keys.items()}
         _refuse_unused_options(values, keys)
         parse_fault_kinds(values["faults.kinds"])
-        return cls(values)
+        values, sources = resolve_auto(values)
+        for name, source in sources.items():  # a paper's value is checked like a user's
+            values[name] = keys[name].check(f"{name} ({source})", values[name])
+        return cls(values, sources)
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]

@@ -124,6 +124,8 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     method = get_method(cfg.method)
     log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s", cfg.method, cfg["dataset"],
         cfg["partition"], cfg["num-server-rounds"], cfg["seed"])
+    if cfg.auto_sources:
+        log(INFO, "left at auto: %s", ", ".join(f"{k}={cfg[k]} ({src})" for k, src in cfg.auto_sources.items()))
     folder, checkpoint = _resume_point(cfg)
     membership = Membership(grid, cfg)
     clients, input_shape, num_classes = membership.connect()

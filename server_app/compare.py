@@ -38,6 +38,13 @@ Preset format::
     [variants.R-pfedpm]      # a row read from another entry's runs (no runs of its own):
     runs-of = "pfedpm"       # the relation module's accuracy that pfedpm reports beside its head's
     accuracy = "eval_relation_acc"
+
+    [paper]                  # optional: the paper's numbers, shown beside ours in the paper's metric
+    metric = "client mean"   # or "weighted" / "pooled" (the same here: all clients' test samples together)
+    values = { fedavg = 88.1, pfedpm = 98.5 }
+
+``python -m server_app.compare --rerender docs/results/<name>`` rewrites a table.md from its table.csv and
+preset.json with the current code (a new column or header, no run). Each table says which command and commit made it.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ def load_preset(path: Path) -> dict:
     if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
         raise SystemExit(f"{path}: target-acc is an accuracy in (0, 1], got {target!r}")
     entries(preset)  # fail early on a bad variant
+    check_paper_table(preset, str(path))
     return preset
 
 
@@ -288,6 +296,35 @@ def target_row(rounds: list[int | None]) -> dict:
             "runs_reaching_target": f"{len(reached)}/{len(rounds)}"}
 
 
+PAPER_METRICS = {  # the paper's metric -> the row key of ours in that metric, at the round chosen on validation
+    "weighted": "test_acc_at_best_val", "pooled": "test_acc_at_best_val", "client mean": "test_client_acc_mean_at_best_val",
+}
+OPTIMISTIC = {"test_acc_at_best_val": "best_acc", "test_client_acc_mean_at_best_val": "best_client_acc_mean"}
+
+
+def check_paper_table(preset: dict, where: str = "preset") -> None:
+    """A preset's ``[paper]`` table: the paper's metric and its numbers by row label."""
+    paper = preset.get("paper")
+    if paper is None:
+        return
+    if paper.get("metric") not in PAPER_METRICS:
+        raise SystemExit(f"{where}: [paper] metric must be one of {', '.join(PAPER_METRICS)}, got {paper.get('metric')!r}")
+    values = paper.get("values", {})
+    unknown = sorted(set(values) - set(preset["compare"]["methods"]))
+    if unknown:
+        raise SystemExit(f"{where}: [paper] values name rows that are not in the methods list: {', '.join(unknown)}")
+
+
+def provenance(preset: dict) -> str:
+    """Which command and commit made the table (recorded in preset.json's ``made`` when the runs ran)."""
+    made = preset.get("made")
+    if not made:
+        return ("Made by `python -m server_app.compare` on runs from before commits were recorded; "
+                "the table was re-rendered from its table.csv by the current code.")
+    return f"Made by `{made['command']}` at commit `{made['commit']}`" + (
+        f"; re-rendered from table.csv at `{made['rerendered']}`." if made.get("rerendered") else ".")
+
+
 def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) -> None:
     target = preset["compare"].get("target-acc")
     with open(out / "table.csv", "w", newline="") as f:
@@ -295,7 +332,12 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
                            extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+    (out / "table.md").write_text(render_table(rows, preset, failures))
+
+
+def render_table(rows: list[dict], preset: dict, failures: list[str]) -> str:
     spec = preset["compare"]
+    target = spec.get("target-acc")
     setting = ", ".join(f"{k}={v}" for k, v in preset.get("run-config", {}).items())
     engine = spec.get("engine", "flwr")
     # the round is chosen on validation where the runs have it; best-of-test only where they do not
@@ -307,17 +349,29 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
     if not all(validated):
         chosen += [("best-of-test acc (weighted, optimistic)", "best_acc"),
                    ("best-of-test acc (client mean, optimistic)", "best_client_acc_mean")]
+    paper = preset.get("paper")
+    paper_cols = []  # the paper's number and ours in the paper's metric, side by side
+    if paper:
+        key = PAPER_METRICS[paper["metric"]]
+        ours = key if all(validated) else OPTIMISTIC[key]
+        when = "at best-val round" if all(validated) else "best-of-test, optimistic"
+        paper_cols = [(f"paper ({paper['metric']})", None), (f"ours ({paper['metric']}, {when})", ours)]
     lines = [
         f"Setting: {setting}; {spec.get('supernodes', 10)} clients; engine {engine}.",
-        "Accuracy in % (personalised: each client's model on its own test split), "
-        + ("1 seed, so no ± (no spread over seeds)." if all(r["seeds"] == 1 for r in rows) else "mean ± std over seeds.")
+        provenance(preset),
+        "Accuracy in % (personalised: each client's model on its own test split). Weighted = pooled: all clients' "
+        "test samples together; client mean: the mean of the clients' accuracies. "
+        + ("1 seed, so no ± (no spread over seeds)." if all(r["seeds"] == 1 for r in rows) else "± is the std over seeds.")
+        + " Client spread: the std of the clients' final accuracies within a run, mean over seeds."
         + (" Best-val round: the evaluated round with the highest accuracy on the clients' validation splits "
            "(val-fraction of their training data), never chosen on test." if any(validated) else ""),
         "",
-        "| method | final acc (weighted) | final acc (client mean) | " + " | ".join(h for h, _ in chosen)
-        + " | last-10 mean (weighted) | MB up / round | MB down / round | s / round |"
+        "| method | " + "".join(f"{h} | " for h, _ in paper_cols)
+        + "final acc (weighted) | final acc (client mean) | " + " | ".join(h for h, _ in chosen)
+        + " | last-10 mean (weighted) | client spread (std over clients) | MB up / round | MB down / round | s / round |"
         + (f" rounds to {100 * target:g}% |" if target is not None else ""),
-        "|---|---|---|" + "---|" * len(chosen) + "---|---|---|---|" + ("---|" if target is not None else ""),
+        "|---|" + "---|" * len(paper_cols) + "---|---|" + "---|" * len(chosen) + "---|---|---|---|---|"
+        + ("---|" if target is not None else ""),
     ]
 
     wanted = len(spec["seeds"]) if "seeds" in spec else max((r["seeds"] for r in rows), default=0)
@@ -325,12 +379,18 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
         one = r["seeds"] == 1  # no spread to show: the row or the header says "1 seed" instead of "± 0.00"
         label = r["method"] if r["seeds"] == wanted else f"{r['method']} ({r['seeds']} seed{'s' * (not one)})"
         pct = functools.partial(pct_cell, one_seed=one)
+        theirs = paper.get("values", {}).get(r["method"]) if paper else None
+        compared = (f"| {'-' if theirs is None else f'{theirs:.2f}'} "
+                    f"| {pct(r.get(paper_cols[1][1], np.nan), r.get(paper_cols[1][1] + '_std', np.nan))} "
+                    if paper_cols else "")
         picked = "".join(f"| {pct(r.get(key, np.nan), r.get(key + '_std', np.nan))} " for _, key in chosen)
+        spread = r.get("client_acc_std_within", np.nan)
         lines.append(
-            f"| {label} | {pct(r['final_acc'], r['final_acc_std'])} "
+            f"| {label} {compared}| {pct(r['final_acc'], r['final_acc_std'])} "
             f"| {pct(r['client_acc_mean'], r['client_acc_mean_std'])} {picked}"
             f"| {pct(r['last10_acc'], r['last10_acc_std'])} "
-            f"| {r['mb_up_per_round']:.3f} | {r['mb_down_per_round']:.3f} | {r['wall_s_per_round']:.2f} |"
+            f"| {'-' if np.isnan(spread) else f'{100 * spread:.2f}'} "
+            f"| {_num(r['mb_up_per_round'], 3)} | {_num(r['mb_down_per_round'], 3)} | {_num(r['wall_s_per_round'], 2)} |"
             + (f" {_rounds_cell(r)} |" if target is not None else ""))
     not_run = [f for f in failures if f.endswith(": not run")]
     failed = [f for f in failures if not f.endswith(": not run")]
@@ -338,7 +398,68 @@ def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) 
         lines += ["", f"Not run ({len(not_run)}): " + "; ".join(f.removesuffix(": not run") for f in not_run)]
     if failed:
         lines += ["", "Failed runs: " + "; ".join(failed)]
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float, digits: int) -> str:
+    return "-" if np.isnan(value) else f"{value:.{digits}f}"
+
+
+def read_table_csv(path: Path) -> list[dict]:
+    """The rows of a table.csv as write_table wrote them (numbers as floats, seeds as an int)."""
+    rows = []
+    with open(path) as f:
+        for raw in csv.DictReader(f):
+            row = {}
+            for k, v in raw.items():
+                if k in ("method", "runs_reaching_target"):
+                    row[k] = v
+                elif k == "seeds":
+                    row[k] = int(v)
+                else:
+                    row[k] = float(v) if v not in ("", None) else float("nan")
+            for k in COLUMNS:  # a column older code did not write is shown as "-"
+                row.setdefault(k, float("nan"))
+            rows.append(row)
+    return rows
+
+
+def rerender(folder: Path) -> Path:
+    """Rewrite ``folder``/table.md from its table.csv and preset.json with the current code (no run)."""
+    preset = json.loads((folder / "preset.json").read_text())
+    made = preset.get("made")
+    if made:
+        made["rerendered"] = _commit()
+    text = render_table(read_table_csv(folder / "table.csv"), preset, _footer_failures(folder / "table.md"))
+    (folder / "table.md").write_text(text)
+    if made:
+        (folder / "preset.json").write_text(json.dumps(preset, indent=2))
+    return folder / "table.md"
+
+
+def _footer_failures(table_md: Path) -> list[str]:
+    """The "Not run" / "Failed runs" notes of an existing table, kept when it is re-rendered."""
+    failures = []
+    if table_md.exists():
+        for line in table_md.read_text().splitlines():
+            if line.startswith("Not run ("):
+                failures += [f"{x.strip()}: not run" for x in line.split("): ", 1)[1].split(";")]
+            elif line.startswith("Failed runs: "):
+                failures += [x.strip() for x in line.removeprefix("Failed runs: ").split(";")]
+    return failures
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+        return out + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def pct_cell(mean: float, std: float, one_seed: bool = False) -> str:
@@ -391,7 +512,9 @@ def plot_curves(rows_of: list[Entry], seeds: list[int], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", type=Path)
+    parser.add_argument("preset", type=Path, nargs="?")
+    parser.add_argument("--rerender", type=Path, metavar="DIR", nargs="+",
+                        help="rewrite DIR/table.md from its table.csv and preset.json with the current code; run nothing")
     parser.add_argument("--methods", help="comma-separated subset of the preset's labels")
     parser.add_argument("--seeds", help="comma-separated seeds (default: the preset's)")
     parser.add_argument("--app", type=Path, default=Path("."))
@@ -400,7 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: table the completed runs there are, with each row's number of seeds")
     args = parser.parse_args(argv)
+    if args.rerender:
+        for folder in args.rerender:
+            print(rerender(folder))
+        return 0
+    if args.preset is None:
+        parser.error("a preset is needed (or --rerender DIR)")
     preset = load_preset(args.preset)
+    preset["made"] = {"command": f"python -m server_app.compare {args.preset}", "commit": _commit()}
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     out = run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse, table_only=args.table_only)

@@ -21,11 +21,13 @@ SMALL_MUPFL = {"mupfl.features-per-class": 8, "mupfl.head-epochs": 2, "mupfl.mat
 
 
 def small_config(tmp_path, **overrides) -> dict:
-    """A tiny but real setting: digits, 2 classes per client, 2 rounds, one torch thread."""
+    """A tiny but real setting: digits, 2 classes per client, 2 rounds, one torch thread, plain SGD."""
     config = {
         "dataset": "digits", "partition": "pathological", "num-server-rounds": 2, "local-epochs": 1,
         "batch-size": 16, "lr": 0.05, "results-dir": str(tmp_path / "results"), "run-name": "test-run",
         "node-wait-s": 0, "seed": 0, "client-threads": 1, "plots": False,  # plots were a third of a run
+        # the tests' own budget, not each method's paper setting (tests/test_paper_settings.py checks those)
+        "local-steps": 0, "momentum": 0.0, "weight-decay": 0.0, "fraction-train": 1.0,
     }
     if overrides.get("method") == "mupfl":
         config.update(SMALL_MUPFL)

@@ -1,6 +1,7 @@
 """The comparison command's table and curves, built from real (in-process) runs; presets are valid."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,58 @@ def test_readme_tables_are_copied_from_their_files_and_checked(tmp_path, capsys)
     # and this repository's pages hold the current tables (run `make readme` after a benchmark)
     assert [p.name for p in markdown_files(ROOT)][0] == "README.md"
     assert main(["--check"]) == 0, capsys.readouterr().out
+
+
+def _result_tables():
+    root = Path(__file__).resolve().parents[1] / "docs" / "results"
+    return sorted(p for p in root.glob("*/table.md") if (p.parent / "preset.json").exists())
+
+
+@pytest.mark.parametrize("table", _result_tables(), ids=lambda p: p.parent.name)
+def test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv(table):
+    """A table in docs/ whose columns or headers the current code no longer writes fails here; rebuild it with
+    its preset, or `python -m server_app.compare --rerender docs/results/<name>` where only the layout changed."""
+    from server_app.compare import _footer_failures, read_table_csv, render_table
+
+    preset = json.loads((table.parent / "preset.json").read_text())
+    rendered = render_table(read_table_csv(table.parent / "table.csv"), preset, _footer_failures(table))
+    assert table.read_text() == rendered
+
+
+def test_the_papers_numbers_sit_beside_ours_in_the_papers_metric():
+    from server_app.compare import render_table
+
+    preset = {"compare": {"methods": ["a", "b"], "seeds": [0, 1]}, "run-config": {"dataset": "digits"},
+              "paper": {"metric": "client mean", "values": {"a": 91.5}}}
+    row = {"final_acc": 0.9, "final_acc_std": 0.01, "client_acc_mean": 0.8, "client_acc_mean_std": 0.02,
+           "test_acc_at_best_val": 0.93, "test_acc_at_best_val_std": 0.0,
+           "test_client_acc_mean_at_best_val": 0.85, "test_client_acc_mean_at_best_val_std": 0.03,
+           "last10_acc": 0.9, "last10_acc_std": 0.0, "client_acc_std_within": 0.05,
+           "mb_up_per_round": 1.0, "mb_down_per_round": 1.0, "wall_s_per_round": 0.5, "seeds": 2}
+    text = render_table([{**row, "method": "a"}, {**row, "method": "b"}], preset, [])
+    header = next(line for line in text.splitlines() if line.startswith("| method"))
+    assert "| paper (client mean) | ours (client mean, at best-val round) |" in header
+    assert "| a | 91.50 | 85.00 ± 3.00 |" in text  # ours in the paper's metric: the client mean at best-val round
+    assert "| b | - | 85.00 ± 3.00 |" in text
+    assert "| 5.00 |" in text  # the client spread, in its own column
+
+
+def test_a_paper_table_with_an_unknown_metric_or_row_is_refused(tmp_path):
+    from server_app.compare import load_preset
+
+    base = '[compare]\nmethods = ["fedavg"]\n[run-config]\ndataset = "digits"\n'
+    (tmp_path / "a.toml").write_text(base + '[paper]\nmetric = "best"\nvalues = { fedavg = 1.0 }\n')
+    with pytest.raises(SystemExit, match="metric must be one of"):
+        load_preset(tmp_path / "a.toml")
+    (tmp_path / "b.toml").write_text(base + '[paper]\nmetric = "pooled"\nvalues = { fedper = 1.0 }\n')
+    with pytest.raises(SystemExit, match="not in the methods list: fedper"):
+        load_preset(tmp_path / "b.toml")
+
+
+def test_make_tables_rebuilds_every_comparison_table_in_docs():
+    """Each docs/results table written by the comparison has a preset that `make tables` runs."""
+    from benchmarks.tables import presets
+
+    outputs = {p.output for p in presets()}
+    for table in _result_tables():
+        assert f"docs/results/{table.parent.name}" in outputs, table.parent.name

@@ -29,7 +29,8 @@ def test_required_keys_exist():
 
 def test_missing_keys_take_defaults():
     cfg = Config.from_run_config({"method": "local"})
-    assert cfg["lr"] == schema()["lr"].default
+    assert cfg["num-server-rounds"] == schema()["num-server-rounds"].default
+    assert cfg["lr"] == 0.05 and cfg.auto_sources["lr"] == "the project default"  # local has no paper setting
     assert cfg.method == "local"
 
 

@@ -60,8 +60,9 @@ class Round:
         # MuPFL's server matches 100 features per class for 100 steps at its defaults (2 s a round);
         # validation and aggregation are the same at a small PKCF
         small = SMALL_MUPFL if method == "mupfl" else {}
-        cfg = Config.from_run_config({"method": method, "dataset": "digits", **small})
-        strategy = REGISTRY[method].strategy(cfg, fake_clients(CLIENTS), model_facts("auto", (1, 8, 8), 10, 0))
+        # every client trains (MuPFL's and FedMCSA's paper settings sample a fifth of them)
+        cfg = Config.from_run_config({"method": method, "dataset": "digits", "fraction-train": 1.0, **small})
+        strategy = REGISTRY[method].strategy(cfg, fake_clients(CLIENTS), model_facts(cfg["model"], (1, 8, 8), 10, 0))
         rng = np.random.default_rng(0)
         prepare = strategy.configure_prepare(None)
         if prepare:

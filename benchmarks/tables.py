@@ -1,0 +1,107 @@
+"""Rebuild every comparison table in docs/results from its preset (``make tables``), then refresh the copies of those
+tables in README.md and docs/ (``make readme``).
+
+A preset is a conf/*.toml whose ``[compare].output`` lies under docs/results. Presets on data that is neither
+embedded nor cached here (CIFAR, FEMNIST, ... need a download) are listed as skipped, with the reason. Runs that
+finished earlier with the same config are reused (``--reuse``), so a rebuild cut off part way goes on where it
+stopped. The other tables in docs/results come from their own benchmarks (``make bench-server``, ``make bench-sim``,
+``make bench-deploy``, ``python -m benchmarks.reliability``), named in ``BENCHMARKS`` and run with ``--benchmarks``.
+
+    python -m benchmarks.tables [--only fedsac-mnist5k] [--list] [--benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFLINE_DATASETS = ("digits", "mnist5k", "synthetic")  # embedded or generated: always available
+
+# docs/results folders that no compare preset writes, and the command that does
+BENCHMARKS = {
+    "server-time": ["-m", "benchmarks.server_time", "--clients", "10,100,1000", "--out", "docs/results/server-time"],
+    "sim-speed": ["-m", "benchmarks.sim_speed", "--methods", "fedavg,fedproto,ditto", "--clients", "20", "--rounds",
+                  "50", "--out", "docs/results/sim-speed"],
+    "deployed-round": ["-m", "benchmarks.deployed_round", "--supernodes", "2,4", "--out", "docs/results/deployed-round"],
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    path: Path
+    output: str
+    dataset: str
+    runs: int  # (row, seed) runs it makes
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def presets(root: Path = ROOT) -> list[Preset]:
+    """Every preset whose table lands in docs/results, in file-name order."""
+    found = []
+    for path in sorted((root / "conf").glob("*.toml")):
+        data = tomllib.loads(path.read_text())
+        compare = data.get("compare", {})
+        output = compare.get("output", "")
+        if not output.startswith("docs/results/"):
+            continue
+        own_rows = [m for m in compare.get("methods", []) if "runs-of" not in data.get("variants", {}).get(m, {})]
+        found.append(Preset(path, output, data.get("run-config", {}).get("dataset", "mnist5k"),
+                            len(own_rows) * len(compare.get("seeds", [0]))))
+    return found
+
+
+def available(preset: Preset, data_dir: Path | None = None) -> bool:
+    """Whether its data is here: embedded, generated, or a download already in the dataset cache."""
+    if preset.dataset in OFFLINE_DATASETS:
+        return True
+    from partitions.datasets import DEFAULT_DATA_DIR
+
+    cache = Path(data_dir or DEFAULT_DATA_DIR)
+    return any(cache.glob(f"{preset.dataset}*.npz"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated substrings of preset names to rebuild")
+    parser.add_argument("--list", action="store_true", help="list the presets and what each runs; run nothing")
+    parser.add_argument("--benchmarks", action="store_true", help="also run the benchmarks that write the other tables")
+    args = parser.parse_args(argv)
+    wanted = [w for w in args.only.split(",") if w]
+    chosen = [p for p in presets() if not wanted or any(w in p.name for w in wanted)]
+    for p in chosen:
+        state = "ready" if available(p) else f"skipped: {p.dataset} is not embedded and not downloaded here"
+        print(f"{p.name:40s} {p.runs:4d} runs  -> {p.output}  ({state})")
+    if args.list:
+        return 0
+    failed = []
+    for p in chosen:
+        if not available(p):
+            continue
+        print(f"== {p.name}", flush=True)
+        rc = subprocess.run([sys.executable, "-m", "server_app.compare", str(p.path.relative_to(ROOT)), "--reuse"],
+                            cwd=ROOT).returncode
+        if rc:
+            failed.append(p.name)
+    if args.benchmarks:
+        for name, cmd in BENCHMARKS.items():
+            if wanted and not any(w in name for w in wanted):
+                continue
+            print(f"== {name}", flush=True)
+            if subprocess.run([sys.executable, *cmd], cwd=ROOT).returncode:
+                failed.append(name)
+    subprocess.run([sys.executable, "-m", "benchmarks.readme_tables"], cwd=ROOT, check=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
