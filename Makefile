@@ -117,6 +117,7 @@ bench-sim: $(STAMP)
 
 # refresh every table of README.md and docs/**/*.md from the table.md its benchmark wrote (<!-- table: path --> blocks)
 readme: $(STAMP)
+	$(BIN)/python -m benchmarks.summary > /dev/null
 	$(BIN)/python -m benchmarks.readme_tables
 
 # mutation testing of the paper methods (mutmut 3; minutes to an hour a method on 2 cores; not in CI):

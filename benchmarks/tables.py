@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}", flush=True)
             if subprocess.run([sys.executable, *cmd], cwd=ROOT).returncode:
                 failed.append(name)
+    subprocess.run([sys.executable, "-m", "benchmarks.summary"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     subprocess.run([sys.executable, "-m", "benchmarks.readme_tables"], cwd=ROOT, check=True)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

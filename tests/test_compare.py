@@ -183,3 +183,27 @@ def test_make_tables_rebuilds_every_comparison_table_in_docs():
     outputs = {p.output for p in presets()}
     for table in _result_tables():
         assert f"docs/results/{table.parent.name}" in outputs, table.parent.name
+
+
+def test_the_readme_summary_is_built_from_the_current_docs_tables():
+    from benchmarks.summary import ROOT, render, summary_rows
+
+    assert (ROOT / "docs" / "results" / "summary" / "table.md").read_text() == render(summary_rows()), \
+        "run `make readme`"
+
+
+def test_the_summary_compares_with_the_best_baseline_in_the_same_metric(tmp_path):
+    from benchmarks.summary import summary_rows
+
+    folder = tmp_path / "x-table"
+    folder.mkdir()
+    (folder / "preset.json").write_text(json.dumps({"compare": {"methods": ["fedsac", "fedavg", "local"]},
+                                                    "paper": {"metric": "weighted",
+                                                              "values": {"fedsac": 80.0, "fedavg": 75.5}}}))
+    cols = "method,final_acc,final_acc_std,test_acc_at_best_val,test_acc_at_best_val_std,seeds\n"
+    (folder / "table.csv").write_text(cols + "fedsac,0.90,0.01,0.91,0.02,3\nfedavg,0.95,0.01,0.89,0.01,3\n"
+                                             "local,0.80,0.01,0.85,0.01,3\n")
+    (row,) = summary_rows(tmp_path)
+    # chosen on validation where there is one: fedavg's higher final accuracy does not count
+    assert (row["metric"], row["baseline"], row["ours"], row["base"]) == ("test_acc_at_best_val", "fedavg", 0.91, 0.89)
+    assert row["claimed"] == pytest.approx(4.5)
