@@ -83,11 +83,15 @@ class FedSaCClient(ClientMethod):
             return loss if reg is None else loss + reg(m)
 
         loss = self.train(model, loss_fn=loss_fn)  # local-steps iterations; a new SGD optimiser every round
-        basis = subspace_basis(extract_features(model, self.data.x_train), self.hp["k"], self.hp["center"])
         self.save_model(model, MODEL)
         drift = float(F.cosine_similarity(parameters_to_vector(model.parameters()).detach(), received, dim=0))
-        return ({wire.WEIGHTS: wire.pack_arrays(model.state_dict()), SUBSPACE: wire.pack_arrays({BASIS: basis})},
+        return ({wire.WEIGHTS: wire.pack_arrays(model.state_dict()), **self.describe(model)},
                 {wire.TRAIN_LOSS: loss, wire.METHOD_METRIC_PREFIX + COS_TO_RECEIVED: drift})
+
+    def describe(self, model) -> dict:
+        """What the trained model says about the local data besides its weights: the feature subspace U_i."""
+        basis = subspace_basis(extract_features(model, self.data.x_train), self.hp["k"], self.hp["center"])
+        return {SUBSPACE: wire.pack_arrays({BASIS: basis})}
 
     def evaluate(self, content):
         """Both personalised models: theta_i after the client's last local training (kept in its state;

@@ -26,7 +26,8 @@ from fedcore.config import Key
 from fedcore.contracts.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, REGULARISERS, SUBSPACE
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedsac_math import (ALPHA_BOUNDARIES, ANGLES, SOLVERS, aggregate_by_graph, alpha_at,
-                                       collaboration_graph, complementarity_matrix, similarity_matrix)
+                                       collaboration_graph, complementarity_matrix, graph_diagnostics,
+                                       similarity_matrix)
 
 SIM_VECTORS = ("delta_init", "params")
 EVAL_MODELS = ("aggregated", "local")
@@ -78,9 +79,7 @@ class FedSaCStrategy(PersonalizedStrategy):
 
     def __init__(self, cfg, clients, model):
         super().__init__(cfg, clients, model)
-        if self.hp["k"] > model.feature_dim:
-            raise ValueError(f"fedsac.k = {self.hp['k']} exceeds the feature dimension {model.feature_dim} "
-                             f"of model {model.name!r}")
+        self.check_model(model)
         if self.hp["solver"] == "cvxpy":
             import cvxpy  # noqa: F401  (seconds to import: once per run, not in the first round's time)
         self.personal: dict = {}
@@ -89,6 +88,12 @@ class FedSaCStrategy(PersonalizedStrategy):
         self.num_examples: dict[int, int] = {}
         self.row_of = {pid: i for i, pid in enumerate(self.clients)}
         self._packed_initial = wire.pack_arrays(self.initial_weights)
+
+    def check_model(self, model) -> None:
+        """The subspace rank must fit the model's feature width."""
+        if self.hp["k"] > model.feature_dim:
+            raise ValueError(f"fedsac.k = {self.hp['k']} exceeds the feature dimension {model.feature_dim} "
+                             f"of model {model.name!r}")
 
     # ------------------------------------------------------------ messages
     def personal_record(self, pid: int):
@@ -131,11 +136,7 @@ class FedSaCStrategy(PersonalizedStrategy):
         stacks = {key: np.stack([r.arrays[wire.WEIGHTS][key] for r in replies])
                   for key in self.initial_weights}
         similarity = similarity_matrix(self.gram(stacks), self.hp["sim-clamp"])
-        bases = np.stack([r.arrays[SUBSPACE][BASIS] for r in replies]).astype(np.float64)
-        complementarity = complementarity_matrix(bases, self.hp["angles"])
-        alpha = alpha_at(server_round, self.cfg["num-server-rounds"], self.hp["alpha"],
-                         self.hp["alpha-fraction"], self.hp["alpha-boundary"])
-        graph = collaboration_graph(p, similarity, complementarity, alpha, self.hp["beta"], self.hp["solver"])
+        graph, metrics = self.solve_graph(server_round, p, similarity, replies)
 
         if self.hp["regulariser"] == "authors":
             self.store(pids, self.references, self.authors_references(graph, stacks))
@@ -147,12 +148,20 @@ class FedSaCStrategy(PersonalizedStrategy):
 
         self.record_matrix("graph", graph)
         self.record_matrix("similarity", similarity)
-        self.record_matrix("complementarity", complementarity)
         self.record_matrix("pids", np.array(pids))
-        off = ~np.eye(len(pids), dtype=bool)
-        return {"alpha": alpha, "self-weight": float(np.diag(graph).mean()),
-                "similarity": float(similarity[off].mean()) if off.any() else 1.0,
-                "complementarity": float(complementarity[off].mean()) if off.any() else 1.0}
+        return metrics
+
+    def solve_graph(self, server_round: int, p: np.ndarray, similarity: np.ndarray,
+                    replies: list) -> tuple[np.ndarray, dict]:
+        """W of this round (Eq. 8) and its metrics: the complementarity of the uploaded bases, the
+        alpha of the round, and ``graph_diagnostics``."""
+        bases = np.stack([r.arrays[SUBSPACE][BASIS] for r in replies]).astype(np.float64)
+        complementarity = complementarity_matrix(bases, self.hp["angles"])
+        self.record_matrix("complementarity", complementarity)
+        alpha = alpha_at(server_round, self.cfg["num-server-rounds"], self.hp["alpha"],
+                         self.hp["alpha-fraction"], self.hp["alpha-boundary"])
+        graph = collaboration_graph(p, similarity, complementarity, alpha, self.hp["beta"], self.hp["solver"])
+        return graph, {"alpha": alpha, **graph_diagnostics(graph, p, similarity, complementarity)}
 
     def gram(self, stacks: dict[str, np.ndarray]) -> np.ndarray:
         """<v_i, v_j> over all parameters, one tensor at a time (never one matrix of all parameters).
@@ -205,6 +214,8 @@ class FedSaCStrategy(PersonalizedStrategy):
             return {}
         weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
                    for k, v in self.initial_weights.items()}
-        basis, _ = np.linalg.qr(rng.standard_normal((self.model.feature_dim, self.hp["k"])))
-        return {wire.WEIGHTS: wire.pack_arrays(weights),
-                SUBSPACE: wire.pack_arrays({BASIS: basis.astype(np.float32)})}
+        reply = {wire.WEIGHTS: wire.pack_arrays(weights)}
+        if SUBSPACE in self.reply_schema(pid):  # pFedGraph's replies have none
+            basis, _ = np.linalg.qr(rng.standard_normal((self.model.feature_dim, self.hp["k"])))
+            reply[SUBSPACE] = wire.pack_arrays({BASIS: basis.astype(np.float32)})
+        return reply

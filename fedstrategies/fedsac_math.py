@@ -204,6 +204,28 @@ def collaboration_graph(p: np.ndarray, similarity: np.ndarray, complementarity: 
     return project_rows_to_simplex(qp_targets(p, similarity, complementarity, alpha, beta))
 
 
+# ---------------------------------------------------------------- what the graph learned (issue #30)
+def graph_diagnostics(graph: np.ndarray, p: np.ndarray, similarity: np.ndarray,
+                      complementarity: np.ndarray | None = None) -> dict[str, float]:
+    """One round's graph in a few numbers for rounds.csv, to follow what W learns over the rounds.
+
+    ``self-weight``: mean W_ii; ``row-entropy``: mean over rows of -sum_j W_ij ln W_ij (0: a row on one
+    client, ln n: uniform); ``dist-to-p``: mean over rows of sum_j |W_ij - p_j| (0: FedAvg's weights, at
+    most 2); ``similarity``/``complementarity`` and their ``-std``: mean and spread of the off-diagonal
+    S and C (1 and 0 in a round of one client).
+    """
+    from scipy.special import entr
+
+    off = ~np.eye(len(graph), dtype=bool)
+    out = {"self-weight": float(np.diag(graph).mean()), "row-entropy": float(entr(graph).sum(axis=1).mean()),
+           "dist-to-p": float(np.abs(graph - p[None, :]).sum(axis=1).mean())}
+    for name, matrix in (("similarity", similarity), ("complementarity", complementarity)):
+        if matrix is not None:
+            values = matrix[off] if off.any() else np.ones(1)
+            out[name], out[f"{name}-std"] = float(values.mean()), float(values.std())
+    return out
+
+
 # ---------------------------------------------------------------- aggregation (Alg. 1 line 14)
 def aggregate_by_graph(graph: np.ndarray, stacked: np.ndarray) -> np.ndarray:
     """theta~_i = sum_j W_ij theta_j for one tensor: ``stacked`` is (n, ...) (one row per client),

@@ -245,6 +245,8 @@ class ResultsWriter:
         if evaluated:
             plot_accuracy(evaluated, self.dir / "accuracy.png", title=f"{self.cfg['method']} on {self.cfg['dataset']}")
         plot_round_matrices(self.dir / "round_matrices", title=self.cfg["method"])
+        if (self.dir / "round_matrices").is_dir():  # what the recorded matrices did over the rounds (issue #30)
+            plot_method_metrics(self.rounds, self.dir / "round_matrices" / "metrics.png", title=self.cfg["method"])
 
 
 def _method_summary(evaluated: list[dict]) -> dict:
@@ -298,6 +300,34 @@ def plot_accuracy(rows: list[dict], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_method_metrics(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """The strategy's own numbers over the rounds (the ``m_*`` columns of rounds.csv: FedSaC's mean
+    self-weight, row entropy, distance to p, mean and spread of S and C), one panel each."""
+    names = [k for k in dict.fromkeys(k for r in rows for k in r)
+             if k.startswith("m_") and any(_is_number(r.get(k)) and r["round"] > 0 for r in rows)]
+    if not names:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(names))
+    fig, axes = plt.subplots(-(-len(names) // cols), cols, figsize=(4 * cols, 2.6 * -(-len(names) // cols)),
+                             squeeze=False, layout="constrained")
+    for ax, name in zip(axes.flat, names):
+        points = [(r["round"], r[name]) for r in rows if r["round"] > 0 and _is_number(r.get(name))]
+        ax.plot(*zip(*points), marker=".")
+        ax.set(title=name[2:], xlabel="round")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle(f"{title}: per-round metrics" if title else "per-round metrics")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _num(value) -> str:

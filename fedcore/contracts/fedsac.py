@@ -6,6 +6,7 @@ server -> client:
     mode; evaluate: ``wire.WEIGHTS`` (theta~_i).
 client -> server (train):
     ``wire.WEIGHTS`` (theta_i after local training) and ``SUBSPACE``.
+pFedGraph (fedstrategies/pfedgraph.py) sends the same, without ``SUBSPACE``.
 """
 
 # ---------------------------------------------------------------- server -> client
