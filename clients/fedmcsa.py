@@ -10,7 +10,8 @@ first receives one). Each round it takes R mini-batch SGD steps (``local-steps``
 
 i.e. Theta <- Theta - lr (grad f_i + lambda (Theta - W_local)). The centre is a detached copy held
 fixed for the whole round: the authors' code aliases it to the trained weights, so that its
-lambda has no effect; here lambda acts as the formula says (tests/test_fedmcsa.py checks it).
+lambda has no effect; here lambda acts as the formula says (tests/test_fedmcsa.py checks it). The options
+(lambda, the weight decay) are ``fedmcsa.variant``'s where left at "auto" (``resolve_options``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from clients.base import ClientMethod, EvalResult
 from clients.training import LossFn, cross_entropy, evaluate_model, proximal_term
 from fedcore import wire
 from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
+from fedcore.fedmcsa_variants import resolve_options
 
 MODEL = "model"
 CENTRE = "centre"
@@ -35,6 +37,10 @@ def proximal_objective(lam: float, centre: list[torch.Tensor], data_loss: LossFn
 
 
 class FedMCSAClient(ClientMethod):
+    def __init__(self, env):
+        super().__init__(env)
+        self.hp = resolve_options(self.cfg)
+
     def fit(self, content):
         config = self.env.config
         if config[RECEIVE]:
@@ -45,7 +51,8 @@ class FedMCSAClient(ClientMethod):
             model, centre = self.load_model(MODEL), self.load_model(CENTRE)
         anchor = [p.detach().clone() for p in centre.parameters()]  # fixed for the round, never aliased
         # R steps (local-steps) of exactly |D| samples each; an epoch budget when local-steps is 0
-        loss = self.train(model, loss_fn=proximal_objective(self.hp["lambda"], anchor),
+        optimizer = self.env.optimizer(model.parameters(), weight_decay=self.hp["weight-decay"])
+        loss = self.train(model, optimizer=optimizer, loss_fn=proximal_objective(self.hp["lambda"], anchor),
                           full_batches=self.cfg["local-steps"] > 0)
         self.save_model(model, MODEL)
         records = {wire.WEIGHTS: wire.pack_arrays(model.state_dict())} if config[UPLOAD] else {}

@@ -29,21 +29,27 @@ import numpy as np
 from fedcore import wire
 from fedcore.config import Key
 from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
+from fedcore.fedmcsa_variants import AUTO, DEFAULT_VARIANT, VARIANTS, resolve_options
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedmcsa_math import mcsa
 
+_FROM_VARIANT = "; auto = the value of fedmcsa.variant"
+
 HPARAMS = {
+    "variant": Key(DEFAULT_VARIANT, "named set of the options lambda, train, component, size-weighting and the "
+                   "weight decay, used for each of them left at auto", choices=tuple(VARIANTS)),
     "sigma": Key(50.0, "scale sigma of the cosine similarity in the attention softmax", low=0.0),
-    "lambda": Key(5.0, "proximal weight lambda of the local objective f_i + lambda/2 ||w - W_i||^2 (0: FedAvg+MCSA)",
-                  low=0.0),
+    "lambda": Key(AUTO, "proximal weight lambda of the local objective f_i + lambda/2 ||w - W_i||^2 (0: FedAvg+MCSA)"
+                  + _FROM_VARIANT, kind="float", low=0.0),
     "clients-per-round": Key(20, "S: clients whose models are mixed and personalised each round (at most N)", low=1),
-    "train": Key("all", "who trains each round: every client (Alg. 1) or only the S sampled ones",
-                 choices=("all", "sampled")),
-    "component": Key("layer", "attention unit: a layer (weight and bias together, the paper) or a tensor (the code)",
-                     choices=("layer", "tensor")),
+    "train": Key(AUTO, "who trains each round: every client (Alg. 1) or only the S sampled ones" + _FROM_VARIANT,
+                 choices=(AUTO, "all", "sampled")),
+    "component": Key(AUTO, "attention unit: a layer (weight and bias together, the paper) or a tensor (the code)"
+                     + _FROM_VARIANT, choices=(AUTO, "layer", "tensor")),
     "aggregation": Key("attention", "attention (FedMCSA) or the n-weighted mean (ablation FedMCSA without MCSA)",
                        choices=("attention", "mean")),
-    "size-weighting": Key(False, "reweight the attention by the clients' training-set sizes (the authors' code)"),
+    "size-weighting": Key(AUTO, "reweight the attention by the clients' training-set sizes (the authors' code)"
+                          + _FROM_VARIANT, kind="bool"),
     "attention-round": Key(0, "round whose attention matrices are saved (round_matrices/); 0 = the last round",
                            low=0),
 }
@@ -56,6 +62,7 @@ class FedMCSAStrategy(PersonalizedStrategy):
 
     def __init__(self, cfg, clients, model):
         super().__init__(cfg, clients, model)
+        self.hp = resolve_options(cfg)
         if cfg["fraction-train"] != 1.0:
             raise ValueError("fedmcsa samples its own clients: set fedmcsa.clients-per-round (S) and "
                              "fedmcsa.train, and leave fraction-train at 1.0")

@@ -1,10 +1,9 @@
 """FedMCSA: the attention rule's invariants (spec section 12), the strategy's exchange rules, the
-client's proximal step, and real runs (in-process and ``flwr run``)."""
+client's proximal step (real federations: tests/test_fedmcsa_federation.py)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +18,7 @@ from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
 from fedcore.models import model_facts
 from fedstrategies.fedmcsa import FedMCSAStrategy
 from fedstrategies.fedmcsa_math import attention, components, mcsa, mean_weights, size_weighted
-from tests.test_baselines import _spy
 
-ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(0)
 
 
@@ -268,7 +265,7 @@ def test_the_next_rounds_sample_uploads_fresh_models_and_nobody_after_the_last_r
 
 
 def test_the_attention_of_a_round_runs_over_exactly_the_models_uploaded_for_it():
-    strategy = _strategy(8, **{"clients-per-round": 3, "sigma": 50.0})
+    strategy = _strategy(8, **{"clients-per-round": 3, "sigma": 50.0, "variant": "paper"})
     _, replies = _round(strategy, 1)
     uploaded = {strategy.pid_of[r.metadata.src_node_id]: wire.unpack_arrays(r.content.array_records[wire.WEIGHTS])
                 for r in replies if wire.WEIGHTS in r.content.array_records}
@@ -406,7 +403,7 @@ def test_the_client_update_equals_the_proximal_formula_with_a_fixed_centre(tmp_p
     from clients.fedmcsa import CENTRE, MODEL, FedMCSAClient
 
     lam, eta = 5.0, 0.02
-    run = {"local-steps": 3, "batch-size": 8, "lr": eta, "fedmcsa.lambda": lam}
+    run = {"local-steps": 3, "batch-size": 8, "lr": eta, "fedmcsa.lambda": lam, "fedmcsa.variant": "paper"}
     state = RecordDict()
     env = _env(tmp_path, state, 1, {RECEIVE: True, UPLOAD: False}, **run)
     content = _received(env)
@@ -473,66 +470,6 @@ def test_a_client_that_never_received_a_model_trains_its_own_towards_the_initial
     client = FedMCSAClient(env)
     assert all(torch.equal(a, b) for a, b in zip(client.load_model(CENTRE).parameters(),
                                                  client.new_model().parameters()))
-
-
-# ------------------------------------------------------------------ real runs
-def test_inprocess_run_every_client_trains_only_the_sample_exchanges_and_attention_is_saved(inprocess, tmp_path):
-    hook, log = _spy()
-    summary, _ = inprocess(4, faults=hook, method="fedmcsa", model="mlr", **{
-        "num-server-rounds": 3, "local-steps": 5, "batch-size": 10, "lr": 0.02, "fedmcsa.clients-per-round": 2,
-        "fedmcsa.attention-round": 2})
-    assert summary["dropped_replies"] == 0 and summary["best_client_acc_mean"] is not None
-    train = [(m, r) for m, r in log if m.metadata.message_type == "train"]
-    assert len(train) == 12  # 4 clients x 3 rounds
-    down = [m for m, _ in train if wire.WEIGHTS in m.content.array_records]
-    up = [r for _, r in train if wire.WEIGHTS in r.content.array_records]
-    assert len(down) == 6 and len(up) == 4  # S = 2 down per round; S up in rounds 1-2, none after the last
-    matrices = json.loads((Path(summary["results_dir"]) / "round_matrices" / "0002.json").read_text())
-    assert set(matrices) == {"sampled-pids", "attention/head"}
-    psi = np.array(matrices["attention/head"])
-    assert psi.shape == (2, 2) and np.allclose(psi.sum(1), 1.0)
-
-
-def test_inprocess_option_sampled_and_ablations_run(inprocess):
-    for name, extra in {"sampled": {"fedmcsa.train": "sampled"},
-                        "no-mcsa": {"fedmcsa.aggregation": "mean"},
-                        "fedavg-mcsa": {"fedmcsa.lambda": 0.0, "fedmcsa.component": "tensor",
-                                        "fedmcsa.size-weighting": True}}.items():
-        hook, log = _spy()
-        summary, _ = inprocess(4, faults=hook, method="fedmcsa", model="mlr", **{
-            "num-server-rounds": 2, "local-steps": 3, "fedmcsa.clients-per-round": 2, "run-name": name, **extra})
-        assert summary["dropped_replies"] == 0, name
-        trained = sum(m.metadata.message_type == "train" for m, _ in log)
-        assert trained == (4 if name == "sampled" else 8), name
-
-
-def test_majority_predicts_each_clients_most_frequent_training_label(inprocess, tmp_path):
-    summary, _ = inprocess(4, method="majority", **{"num-server-rounds": 2})
-    assert summary["bytes_up"] == 0 and summary["bytes_down_per_round"] == 0
-    from clients.base import load_client_data
-
-    cfg = Config.from_run_config({"dataset": "digits", "partition": "pathological", "seed": 0})
-    correct = total = 0
-    for pid in range(4):
-        data = load_client_data(cfg, pid, 4, torch.device("cpu"))
-        label = int(np.argmax(data.train_label_counts))
-        correct += int((data.y_test == label).sum())
-        total += data.num_test
-    assert summary["final_acc"] == pytest.approx(correct / total)
-
-
-@pytest.mark.long  # a real flwr run / SuperLink: make test-long
-def test_flwr_run_smoke(tmp_path):
-    from server_app.launch import simulate
-
-    result = simulate({"method": "fedmcsa", "dataset": "digits", "model": "mlr", "num-server-rounds": 2,
-                       "local-steps": 5, "fedmcsa.clients-per-round": 1, "results-dir": str(tmp_path),
-                       "run-name": "fedmcsa"}, supernodes=2, app_dir=ROOT, stream=False, timeout=600,
-                      flwr_home=tmp_path / "home")
-    assert result["status"] == "finished:completed", result
-    summary = json.loads((tmp_path / "fedmcsa" / "summary.json").read_text())
-    assert summary["rounds"] == 2 and summary["dropped_replies"] == 0
-    assert (tmp_path / "fedmcsa" / "round_matrices" / "0002.json").exists()
 
 
 # ------------------------------------------------------------------ base additions this method needed
