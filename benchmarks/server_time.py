@@ -32,7 +32,9 @@ TARGET_S = 0.5
 def _config(method: str, extra: dict):
     from fedcore.config import Config
 
-    return Config.from_run_config({"method": method, "dataset": "mnist5k", "model": "cnn", **extra})
+    # MuPFL's BAVD needs a model with BAVD sites: its paper's CNN (a ConfigError on "cnn")
+    model = "mupflcnn" if method == "mupfl" else "cnn"
+    return Config.from_run_config({"method": method, "dataset": "mnist5k", "model": model, **extra})
 
 
 def fake_clients(n: int, num_classes: int = 10):
@@ -59,6 +61,7 @@ def fake_reply(strategy, msg, phase: str, rng):
     initial weights (so similarities and norms are realistic)."""
     from flwr.app import Message, MetricRecord, RecordDict
 
+    from benchmarks.example_replies import EXAMPLE_REPLIES
     from fedcore import wire
     from fedstrategies.base import ArraySpec
 
@@ -66,6 +69,8 @@ def fake_reply(strategy, msg, phase: str, rng):
     records = {}
     if hasattr(strategy, "example_reply"):
         records = strategy.example_reply(pid, phase, rng)
+    elif type(strategy).__name__ in EXAMPLE_REPLIES:
+        records = EXAMPLE_REPLIES[type(strategy).__name__](strategy, pid, phase, rng)
     elif phase != "evaluate":
         schema = strategy.prepare_schema(pid) if phase == "prepare" else strategy.reply_schema(pid)
         for name, keys in schema.items():

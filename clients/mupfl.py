@@ -25,6 +25,18 @@ BAVD_COUNTERS = "bavd"  # state: {"steps": lambda, "previous-loss": l^(lambda-1)
 PKCF_TAG, SAMPLE_TAG, EVAL_PKCF_TAG = 1, 2, 3  # shuffle streams apart from local training's (tag 0)
 
 
+def sample_per_class(data, per_class: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``per_class`` random training samples of every class present (MuPFL's C_i, CReFF's batch_real)."""
+    y = data.y_train
+    perm = torch.randperm(len(y), generator=generator).to(y.device)
+    perm = perm[torch.argsort(y[perm], stable=True)]  # grouped by class, random within
+    counts = torch.bincount(y, minlength=data.num_classes)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(len(y), device=y.device) - starts[y[perm]]
+    keep = perm[rank < per_class]
+    return data.x_train[keep], y[keep]
+
+
 class BAVD:
     """Biased activation value dropout on a model's BAVD sites (forward hooks, the model is unchanged).
 
@@ -115,16 +127,22 @@ class MuPFLClient(ClientMethod):
             raise ValueError(f"federated features have {len(H)} rows, expected {len(labels)}")
         self.train(model.head, x=H, y=labels, epochs=self.hp["head-epochs"], tag=tag)
 
+    def head_to_pretrain(self, received_head: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The head PKCF starts from (``pkcf-head``): ``stored``, v_i, the head this client's last local
+        training ended with (saved with its model), else the received v_glo; ``received``, v_glo; ``fresh``,
+        the seeded initial head."""
+        choice = self.hp["pkcf-head"]
+        if choice == "fresh":
+            return self.new_model().head.state_dict()
+        if choice == "stored":
+            previous = self.new_model()
+            if self.env.load_module(MODEL, previous):
+                return previous.head.state_dict()
+        return received_head
+
     def sample_per_class(self) -> tuple[torch.Tensor, torch.Tensor]:
         """C_i: up to ``samples-per-class`` random training samples of every class present."""
-        y = self.data.y_train
-        perm = torch.randperm(len(y), generator=self.env.generator(SAMPLE_TAG)).to(y.device)
-        perm = perm[torch.argsort(y[perm], stable=True)]  # grouped by class, random within
-        counts = torch.bincount(y, minlength=self.data.num_classes)
-        starts = torch.cumsum(counts, 0) - counts
-        rank = torch.arange(len(y), device=y.device) - starts[y[perm]]
-        keep = perm[rank < self.hp["samples-per-class"]]
-        return self.data.x_train[keep], y[keep]
+        return sample_per_class(self.data, self.hp["samples-per-class"], self.env.generator(SAMPLE_TAG))
 
     def class_gradients(self, model, head: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 16 at the classifier ``head``: per-class mean CE gradients of the trained extractor's
@@ -141,9 +159,7 @@ class MuPFLClient(ClientMethod):
         model = self.model_from(content, wire.WEIGHTS)
         received_head = {k: v.detach().clone() for k, v in model.head.state_dict().items()}
         if self.pkcf_active():
-            previous = self.new_model()
-            if self.env.load_module(MODEL, previous):  # v_i: the client's own head, else v_glo
-                model.head.load_state_dict(previous.head.state_dict())
+            model.head.load_state_dict(self.head_to_pretrain(received_head))
             self.pretrain_head(model, content, PKCF_TAG)
         start_head = {HEAD_PREFIX + k: v.detach().clone() for k, v in model.head.state_dict().items()}
 

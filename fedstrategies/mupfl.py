@@ -10,7 +10,8 @@ One round (mupfl.md sections 3-4):
   chosen by the silhouette score; every client's model becomes its start point plus its cluster's
   mean update, and the global model is their sample-weighted mean;
 - PKCF: the per-class gradients are averaged over the clients that report each class and H is
-  optimised so that its classifier gradients match them (cosine distance).
+  optimised so that its classifier gradients match them (CReFF's row-wise cosine distance, Adam by
+  default; the rule is shared with CReFF in ``fedstrategies/federated_features.py``).
 
 ``bavd``, ``acmu`` and ``pkcf`` switch each module off alone (Table VI); ``clusters`` fixes the
 cluster count (Tables I and V; with the other two modules off this is "FedAvg with clustering").
@@ -29,6 +30,7 @@ from fedcore.models import HEAD_PREFIX, bavd_map_shapes, one_torch_thread, seede
 from fedstrategies import mupfl_math as mm
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
+from fedstrategies.federated_features import average_class_gradients, match_features
 
 HPARAMS = {
     "bavd": Key(True, "BAVD: biased activation value dropout on the clients (Table VI ablation)"),
@@ -43,8 +45,13 @@ HPARAMS = {
     "clusters": Key(0, "fixed cluster count (Tables I, V); 0 = chosen by the silhouette score", low=0),
     "features-per-class": Key(100, "m: federated features per class", low=0),
     "head-epochs": Key(50, "tau: epochs of classifier pre-training on the federated features", low=0),
-    "match-steps": Key(100, "gradient-matching SGD steps on the federated features per round", low=0),
-    "match-lr": Key(0.01, "learning rate of the gradient matching (the paper's global lr)", low=0.0, low_open=True),
+    "match-steps": Key(100, "gradient-matching steps on the federated features per round", low=0),
+    "match-lr": Key(0.01, "step size of the gradient matching (the paper's global lr)", low=0.0, low_open=True),
+    "match-optimizer": Key("adam", "optimiser of the gradient matching: Adam, restarted each round (its step does not "
+                                   "shrink with d), or CReFF's plain SGD", choices=("adam", "sgd")),
+    "pkcf-head": Key("stored", "head the client pre-trains on the federated features: its own head from its last "
+                               "round (v_i, mupfl.md 3.2), the received global one, or a freshly initialised one",
+                     choices=("stored", "received", "fresh")),
     "samples-per-class": Key(32, "real samples per class for the clients' classifier gradients", low=1),
     "z-ref": Key("global", "classifier the clients' gradients are taken at: the received global one "
                            "(the server matches there) or the client's own", choices=("global", "local")),
@@ -76,6 +83,9 @@ class MuPFLStrategy(PersonalizedStrategy):
         self.buffer_keys = [k for k in model.initial_weights if k not in set(self.param_keys)]
         self.head_keys = [k for k in self.param_keys if k.startswith(HEAD_PREFIX)]
         self.map_shapes = bavd_map_shapes(net, model.input_shape) if self.hp["bavd"] else []
+        if self.hp["bavd"] and not self.map_shapes:
+            raise ConfigError(f"mupfl.bavd = true needs a model with BAVD sites (mupflcnn, resnet8, resnet18); "
+                              f"model {model.name!r} has none: choose one of those or set mupfl.bavd = false")
         self.global_weights = {k: v.copy() for k, v in model.initial_weights.items()}
         K, d, m = model.num_classes, model.feature_dim, self.hp["features-per-class"]
         # H ~ N(0, 1), once (CReFF; the paper's f_glo(u_glo) init needs data the server lacks, A5)
@@ -135,38 +145,21 @@ class MuPFLStrategy(PersonalizedStrategy):
                 return "class-gradients/present must hold only 0 and 1"
         return None
 
-    def example_reply(self, pid, phase, rng):
-        """A realistic reply for the server benchmark: noisy weights, maps and present-class flags."""
-        records = {}
-        if phase != "train":
-            return records
-        noisy = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
-                 for k, v in self.global_weights.items()}
-        records[wire.WEIGHTS] = wire.pack_arrays(noisy)
-        if self.hp["pkcf"]:
-            K, d = self.num_classes, self.model.feature_dim
-            present = (self.clients[pid].train_label_counts > 0).astype(np.float32)
-            z = rng.standard_normal((K, K * d + K)).astype(np.float32) * present[:, None]
-            records[START_HEAD] = wire.pack_arrays({k: self.global_weights[k] for k in self.head_keys})
-            records[GRADIENTS] = wire.pack_arrays({"z": z, "present": present})
-        if self.map_shapes:
-            records[MAPS] = wire.pack_arrays({str(i): rng.random(s).astype(np.float32)
-                                              for i, s in enumerate(self.map_shapes)})
-        return records
-
     # ------------------------------------------------------------------ rules
-    def heads_pretrained(self) -> bool:
-        """Whether this round's clients pre-trained their heads (the client's rule, from the same
-        flags), i.e. whether their start heads differ from the global one. Before ``match``."""
-        return bool(self.hp["pkcf"] and self.has_features and self.hp["features-per-class"] > 0
-                    and self.hp["head-epochs"] > 0)
+    def heads_pretrained(self, replies) -> bool:
+        """Whether any client started local training from a head other than the global one (PKCF's
+        pre-training, decided by the client alone): read from the start heads they sent."""
+        if not self.hp["pkcf"]:
+            return False
+        return any(not np.array_equal(r.arrays[START_HEAD][k], self.global_weights[k])
+                   for r in replies for k in self.head_keys)
 
     def _update_gram(self, replies) -> np.ndarray:
         """<dw_i, dw_j> over all trainable tensors (BN buffers excluded), dw_i = w_i - w_i^start,
         one tensor at a time so that no (clients x parameters) matrix is ever formed."""
         m = len(replies)
         gram = np.zeros((m, m))
-        pretrained = self.heads_pretrained()
+        pretrained = self.heads_pretrained(replies)
         for key in self.param_keys:
             rows = np.stack([r.arrays[wire.WEIGHTS][key].reshape(-1) for r in replies])
             if pretrained and key in self.head_keys:
@@ -204,7 +197,7 @@ class MuPFLStrategy(PersonalizedStrategy):
         # heads without PKCF pre-training), and sum omega_i = n: the omega-weighted mean of the
         # client models; pre-trained heads add sum_i (n_i - omega_i)/n v_i.
         new = weighted_average(({k: w[k] for k in self.param_keys} for w in weights), omega)
-        if self.heads_pretrained():
+        if self.heads_pretrained(replies):
             heads = [r.arrays[START_HEAD] for r in replies]
             by_n, by_omega = weighted_average(heads, n), weighted_average(heads, omega)
             for k in self.head_keys:
@@ -221,20 +214,21 @@ class MuPFLStrategy(PersonalizedStrategy):
 
     def match(self, replies, v_ref: dict[str, np.ndarray]) -> dict:
         """PKCF on the server: average the per-class gradients (Eq. 17) and move H to match them."""
-        z, reported = mm.average_class_gradients((r.arrays[GRADIENTS]["z"], r.arrays[GRADIENTS]["present"])
-                                                 for r in replies)
+        z, reported = average_class_gradients((r.arrays[GRADIENTS]["z"], r.arrays[GRADIENTS]["present"])
+                                              for r in replies)
         m = self.hp["features-per-class"]
         if m == 0 or not reported.any():
-            return {"match-loss": 0.0}
+            return {"match-loss-before": 0.0, "match-loss": 0.0}
         features = torch.from_numpy(self.features.copy())
         weight, bias = (torch.from_numpy(v_ref[k]) for k in (HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"))
         with one_torch_thread():  # (K*m x d) matrices: threads cost more than they give (fedcore.models)
-            _, after = mm.match_features(features, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
-                                         weight, bias, self.hp["match-steps"], self.hp["match-lr"])
+            before, after = match_features(features, torch.from_numpy(z.astype(np.float32)),
+                                           torch.from_numpy(reported), weight, bias, self.hp["match-steps"],
+                                           self.hp["match-lr"], self.hp["match-optimizer"])
         self.features = features.numpy()
         self.has_features = True
         self._packed_features = None
-        return {"match-loss": after}
+        return {"match-loss-before": before, "match-loss": after}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)

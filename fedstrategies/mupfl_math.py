@@ -3,8 +3,8 @@
 - ACMU (interface, Eqs. 7-15): the combined cosine similarity of weight updates and activation
   maps, k-means over candidate cluster counts chosen by the silhouette score, and the weights
   that turn the clustered updates into the global model.
-- PKCF (server, Eqs. 17-20): the average of the clients' per-class classifier gradients and the
-  gradient matching that optimises the synthetic federated features.
+- PKCF's server side (Eqs. 17-20, the gradient matching of the federated features) is CReFF's rule and
+  lives below both methods, in ``fedstrategies/federated_features.py``.
 
 BAVD (Eq. 6, client only) is in ``clients/bavd.py``; the closed-form per-class classifier gradients
 (Eqs. 16 and 19), which both sides take, are in ``fedcore/class_gradients.py``.
@@ -18,11 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from threadpoolctl import threadpool_limits
-
-from fedcore.class_gradients import synthetic_class_gradients
 
 # ============================================================================ ACMU (interface)
 
@@ -145,7 +141,8 @@ def choose_clusters(similarity: np.ndarray, low: int = 2, high: int = 6, seed: i
             if score is not None:
                 scores[k] = score
             if fixed > 0 or (score is not None and (best is None or score > best.silhouette)):
-                best = Clustering(labels, k, 0.0 if score is None else score)
+                # the distinct clusters: k-means merges clusters when there are fewer distinct points than k
+                best = Clustering(labels, len(np.unique(labels)), 0.0 if score is None else score)
     if best is None:
         return one
     best.scores = scores
@@ -177,62 +174,3 @@ def cluster_models(starts: np.ndarray, updates: np.ndarray, labels: np.ndarray) 
     one_hot = np.eye(inverse.max() + 1)[inverse]  # (m, kappa)
     means = (one_hot.T @ updates) / one_hot.sum(0)[:, None]
     return starts + means[inverse]
-
-
-# ============================================================================ PKCF (server)
-
-
-def average_class_gradients(replies) -> tuple[np.ndarray, np.ndarray]:
-    """Eq. 17: z_glo^k = mean of z_i^k over the clients that report class k (S^k), never over the
-    others. ``replies`` yields (Z_i (K, G), present_i (K,)) pairs; they are summed one at a time
-    (no stack of all clients). Returns (z_glo (K, G), reported (K,) bool)."""
-    total, counts = None, None
-    for z, present in replies:
-        present = np.asarray(present, dtype=np.float64)
-        if total is None:
-            total, counts = np.zeros(np.shape(z)), np.zeros(len(present))
-        total += present[:, None] * z
-        counts += present
-    if total is None:
-        raise ValueError("no class gradients to average")
-    z = np.divide(total, counts[:, None], out=np.zeros_like(total), where=counts[:, None] > 0)
-    return z, counts > 0
-
-
-def matching_loss(target: torch.Tensor, synthetic: torch.Tensor, reported: torch.Tensor) -> torch.Tensor:
-    """Eq. 20 as a loss (mupfl.md A5: minimise the cosine distance): mean over the reported classes
-    of 1 - cos(z_glo^k, zhat^k); in [0, 2]. Zero when no class is reported."""
-    if not bool(reported.any()):
-        return synthetic.sum() * 0.0
-    cos = F.cosine_similarity(target[reported], synthetic[reported], dim=1)
-    return (1.0 - cos).mean()
-
-
-def match_features(features: torch.Tensor, target: torch.Tensor, reported: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor, steps: int, lr: float) -> tuple[float, float]:
-    """Optimise the federated features H in place for ``steps`` SGD steps on ``matching_loss``
-    (mupfl.md 4, PKCF step 3), at the classifier (weight, bias) the clients' gradients were taken at.
-
-    The step is written out (h <- h - lr * grad): plain SGD without momentum keeps no state, so it
-    equals CReFF's persistent ``torch.optim.SGD`` and needs no optimiser object (whose first
-    construction imports torch's compiler, seconds on a busy server). Returns the matching loss
-    before and after.
-    """
-    weight, bias = weight.detach(), bias.detach()
-
-    def loss_of(h):
-        return matching_loss(target, synthetic_class_gradients(h, weight, bias), reported)
-
-    with torch.no_grad():
-        before = float(loss_of(features))
-    if steps == 0 or features.numel() == 0 or not bool(reported.any()):
-        return before, before
-    h = features.detach().clone().requires_grad_(True)
-    for _ in range(steps):
-        (grad,) = torch.autograd.grad(loss_of(h), h)
-        with torch.no_grad():
-            h -= lr * grad
-    with torch.no_grad():
-        features.copy_(h)
-        after = float(loss_of(features))
-    return before, after

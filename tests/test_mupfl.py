@@ -16,6 +16,7 @@ from sklearn.metrics import silhouette_samples, silhouette_score
 from clients import bavd as bavd_rules
 from fedcore import class_gradients as cg
 from fedcore.models import bavd_map_shapes, bavd_sites, build_model
+from fedstrategies import federated_features as ff
 from fedstrategies import mupfl_math as mm
 
 # ============================================================================ BAVD
@@ -280,30 +281,96 @@ def test_closed_form_class_gradients_equal_autograd():
 def test_z_glo_averages_only_over_the_clients_reporting_each_class():
     z1, z2, z3 = (np.full((3, 4), v) for v in (1.0, 5.0, 9.0))
     p1, p2, p3 = np.array([1, 1, 0]), np.array([1, 0, 0]), np.array([0, 1, 0])
-    z, reported = mm.average_class_gradients([(z1 * p1[:, None], p1), (z2 * p2[:, None], p2), (z3 * p3[:, None], p3)])
+    z, reported = ff.average_class_gradients([(z1 * p1[:, None], p1), (z2 * p2[:, None], p2), (z3 * p3[:, None], p3)])
     assert np.allclose(z[0], 3.0) and np.allclose(z[1], 5.0) and np.allclose(z[2], 0.0)
     assert reported.tolist() == [True, True, False]
 
 
-def test_matching_loss_is_in_0_2_ignores_unreported_classes_and_a_step_lowers_it():
+def _loop_distance(target, synthetic, reported):
+    """CReFF's distance by explicit loops in numpy: per reported class, 1 - cos of each output row of the
+    weight gradient and of the bias gradient."""
+    t, s = np.asarray(target, dtype=np.float64), np.asarray(synthetic, dtype=np.float64)
+    K = t.shape[0]
+    d = (t.shape[1] - K) // K
+    total = 0.0
+    for k in range(K):
+        if not reported[k]:
+            continue
+        parts = [(t[k, j * d:(j + 1) * d], s[k, j * d:(j + 1) * d]) for j in range(K)] + [(t[k, K * d:], s[k, K * d:])]
+        for a, b in parts:
+            total += 1 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-6)
+    return total
+
+
+def test_matching_distance_is_crefs_row_cosines_summed_over_reported_classes():
     torch.manual_seed(6)
     K, d, m = 4, 6, 5
     weight, bias = torch.randn(K, d), torch.randn(K)
     target = torch.randn(K, K * d + K)
     reported = torch.tensor([True, True, False, True])
-    H = torch.randn(K * m, d)
-    zhat = cg.synthetic_class_gradients(H, weight, bias)
-    loss = mm.matching_loss(target, zhat, reported)
-    assert 0 <= float(loss) <= 2
+    zhat = cg.synthetic_class_gradients(torch.randn(K * m, d), weight, bias)
+    loss = ff.matching_distance(target, zhat, reported)
+    assert float(loss) == pytest.approx(_loop_distance(target, zhat, reported.numpy()), rel=1e-5)
+    assert ff.mean_distance(target, zhat, reported) == pytest.approx(float(loss) / (3 * (K + 1)))
+    assert 0 <= ff.mean_distance(target, zhat, reported) <= 2
     changed = target.clone()
-    changed[2] = torch.randn(K * d + K) * 100
-    assert float(mm.matching_loss(changed, zhat, reported)) == float(loss)
-    assert float(mm.matching_loss(-zhat, zhat, torch.ones(K, dtype=torch.bool))) == pytest.approx(2.0)
-    before, after = mm.match_features(H, target, reported, weight, bias, steps=1, lr=0.1)
-    assert before == pytest.approx(float(loss)) and after < before
-    before2, after2 = mm.match_features(H, target, reported, weight, bias, steps=50, lr=0.1)
-    assert before2 == pytest.approx(after) and after2 < before2 - 0.05
-    assert float(mm.matching_loss(target, cg.synthetic_class_gradients(H, weight, bias), reported)) == pytest.approx(after2)
+    changed[2] = torch.randn(K * d + K) * 100  # an unreported class does not count
+    assert float(ff.matching_distance(changed, zhat, reported)) == float(loss)
+    everything = torch.ones(K, dtype=torch.bool)
+    assert ff.mean_distance(-zhat, zhat, everything) == pytest.approx(2.0, abs=1e-5)
+    assert ff.mean_distance(3 * zhat, zhat, everything) == pytest.approx(0.0, abs=1e-5)
+    # a row scaled alone changes nothing (row-wise cosines); the same change to one flat vector would
+    scaled = zhat.clone()
+    scaled[:, :d] *= 50
+    assert ff.mean_distance(scaled, zhat, everything) == pytest.approx(0.0, abs=1e-5)
+    assert ff.mean_distance(target, zhat, torch.zeros(K, dtype=torch.bool)) == 0.0
+    assert float(ff.matching_distance(target, zhat, torch.zeros(K, dtype=torch.bool))) == 0.0
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_match_features_steps_equal_torchs_optimisers(optimizer):
+    """The written-out Adam and SGD steps against torch.optim.Adam / SGD on the same loss."""
+    torch.manual_seed(7)
+    K, d, m = 3, 5, 4
+    weight, bias = torch.randn(K, d), torch.randn(K)
+    target = torch.randn(K, K * d + K)
+    reported = torch.tensor([True, False, True])
+    H = torch.randn(K * m, d)
+    ref = H.clone().requires_grad_(True)
+    opt = torch.optim.Adam([ref], lr=0.05) if optimizer == "adam" else torch.optim.SGD([ref], lr=0.05)
+    for _ in range(7):
+        opt.zero_grad()
+        ff.matching_distance(target, cg.synthetic_class_gradients(ref, weight, bias), reported).backward()
+        opt.step()
+    before, after = ff.match_features(H, target, reported, weight, bias, steps=7, lr=0.05, optimizer=optimizer)
+    assert torch.allclose(H, ref.detach(), atol=1e-5)
+    assert after == pytest.approx(ff.mean_distance(target, cg.synthetic_class_gradients(H, weight, bias), reported))
+    assert after < before
+    with pytest.raises(ValueError, match="optimizer"):
+        ff.match_features(H, target, reported, weight, bias, steps=1, lr=0.05, optimizer="rmsprop")
+    same = H.clone()
+    assert ff.match_features(same, target, reported, weight, bias, steps=0, lr=0.05) == (after, after)
+    assert torch.equal(same, H)  # zero steps leave H alone
+
+
+def test_the_default_matching_halves_the_loss_in_one_round_at_d_1024():
+    """#27: at MuPFL's defaults (m, steps, step size, optimiser, N(0, 1) init) the matching loss falls at
+    least by half in one server step sequence, on class gradients of real-looking (post-ReLU) features of
+    the paper's CNN, d = 1024, 10 classes."""
+    from fedstrategies.mupfl import HPARAMS
+
+    hp = {k: HPARAMS[k].default for k in ("features-per-class", "match-steps", "match-lr", "match-optimizer")}
+    torch.manual_seed(8)
+    model = build_model("mupflcnn", (1, 16, 16), 10)
+    assert model.feature_dim == 1024
+    x, y = torch.rand(400, 1, 16, 16), torch.arange(10).repeat(40)
+    with torch.no_grad():
+        h = model.features(x)
+    W, b = model.head.weight.detach(), model.head.bias.detach()
+    z, present = cg.class_gradients(h, y, W, b, 10)
+    H = torch.randn(10 * hp["features-per-class"], 1024, generator=torch.Generator().manual_seed(0))
+    before, after = ff.match_features(H, z, present, W, b, hp["match-steps"], hp["match-lr"], hp["match-optimizer"])
+    assert before > 0.5 and after <= 0.5 * before
 
 
 # ============================================================================ head pre-training
@@ -457,3 +524,248 @@ def _strategy_and_replies(pretrained=False, m=6, seed=0, **hp):
                                 "1": rng.random((4, 4)).astype(np.float32)}}
         replies.append(ClientReply(pid, 10_000 + pid, int(rng.integers(20, 80)), {wire.TRAIN_LOSS: 1.0}, arrays))
     return strategy, replies
+
+
+# ============================================================================ settings (#27 item 3)
+
+
+def test_auto_model_is_the_papers_cnn_with_bavd_sites_and_bavd_without_sites_is_a_config_error():
+    from benchmarks.server_time import fake_clients
+    from fedcore.config import Config, ConfigError
+    from fedcore.models import model_facts
+    from fedstrategies.mupfl import MuPFLStrategy
+
+    for dataset in ("mnist5k", "digits"):
+        assert Config.from_run_config({"method": "mupfl", "dataset": dataset})["model"] == "mupflcnn"
+    cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "model": "cnn"})
+    with pytest.raises(ConfigError, match="mupfl.bavd"):
+        MuPFLStrategy(cfg, fake_clients(3), model_facts("cnn", (1, 8, 8), 10, 0))
+    off = Config.from_run_config({"method": "mupfl", "dataset": "digits", "model": "cnn", "mupfl.bavd": False})
+    assert MuPFLStrategy(off, fake_clients(3), model_facts("cnn", (1, 8, 8), 10, 0)).map_shapes == []
+
+
+def test_the_cluster_count_is_the_number_of_distinct_clusters():
+    """Four clients at two distinct points: k-means asked for 3 clusters finds 2, and 2 is reported."""
+    x = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    got = mm.choose_clusters(x @ x.T, fixed=3)
+    assert len(np.unique(got.labels)) == 2 and got.count == 2
+
+
+# ============================================================================ the strategy's messages
+
+
+def test_train_and_evaluate_messages_carry_the_model_features_flag_and_decayed_lr():
+    from fedcore import wire
+
+    strategy, replies = _strategy_and_replies(**{"lr-decay": 0.5, "lr-decay-every": 2})
+    lr = strategy.cfg["lr"]
+    for pid in (0, 3):  # before any features: the global model only, has-features false
+        assert set(strategy.train_payload(pid, 1)) == {wire.WEIGHTS}
+        assert strategy.train_config(pid, 1) == {wire.LR: lr, "has-features": False}
+        assert set(strategy.evaluate_payload(pid, 1)) == {wire.WEIGHTS}
+        assert strategy.evaluate_config(pid, 1) == {wire.LR: lr, "has-features": False}
+    strategy.aggregate(1, replies[:4])  # clients 0-3 trained; H now exists
+    down = strategy.train_payload(5, 2)
+    assert strategy.train_config(5, 2) == {wire.LR: lr * 0.5, "has-features": True}
+    assert strategy.train_config(5, 4) == {wire.LR: lr * 0.25, "has-features": True}
+    assert np.array_equal(wire.unpack_arrays(down["federated-features"])["features"], strategy.features)
+    weights = wire.unpack_arrays(down[wire.WEIGHTS])
+    assert all(np.array_equal(weights[k], v) for k, v in strategy.global_weights.items())
+    # evaluation: a client that trained evaluates its own model (no H); one that never trained gets H
+    assert set(strategy.evaluate_payload(2, 2)) == {wire.WEIGHTS}
+    assert strategy.evaluate_config(2, 2)["has-features"] is False
+    assert set(strategy.evaluate_payload(5, 2)) == {wire.WEIGHTS, "federated-features"}
+    assert strategy.evaluate_config(5, 2)["has-features"] is True
+    # the packed records follow the state: a new H or model is sent after the next round
+    old_h = strategy.features.copy()
+    strategy.aggregate(2, replies)
+    again = wire.unpack_arrays(strategy.train_payload(5, 3)["federated-features"])["features"]
+    assert np.array_equal(again, strategy.features) and not np.array_equal(again, old_h)
+    assert np.array_equal(wire.unpack_arrays(strategy.train_payload(5, 3)[wire.WEIGHTS])["head.bias"],
+                          strategy.global_weights["head.bias"])
+
+
+def test_reply_schema_and_checks_follow_the_modules():
+    strategy, replies = _strategy_and_replies()
+    schema = strategy.reply_schema(0)
+    assert set(schema) == {"weights", "start-head", "class-gradients", "bavd-maps"}
+    assert schema["start-head"] == {"head.weight": (10, 256), "head.bias": (10,)}
+    assert set(schema["weights"]) == set(strategy.global_weights)
+    assert strategy.check_reply(replies[0]) is None
+    bad = replies[1]
+    bad.arrays["class-gradients"]["present"] = bad.arrays["class-gradients"]["present"] + 0.5
+    assert "present must hold only 0 and 1" in strategy.check_reply(bad)
+    empty = replies[2]
+    empty.num_examples = 0
+    assert "no training samples" in strategy.check_reply(empty)
+    empty.num_examples = 1  # one sample is enough to weigh a model
+    assert strategy.check_reply(empty) is None
+    no_pkcf, _ = _strategy_and_replies(pkcf=False, bavd=False)
+    assert set(no_pkcf.reply_schema(0)) == {"weights"}
+    no_pkcf_replies = _strategy_and_replies(pkcf=False)[1]
+    no_pkcf_replies[0].arrays["class-gradients"]["present"][:] = 7  # not read with PKCF off
+    assert no_pkcf.check_reply(no_pkcf_replies[0]) is None
+
+
+def test_aggregate_reports_both_matching_losses_and_moves_h_at_the_received_head():
+    from fedstrategies.federated_features import average_class_gradients, match_features
+
+    strategy, replies = _strategy_and_replies(pretrained=True)
+    head = {k: strategy.global_weights[k].copy() for k in strategy.head_keys}
+    H0 = torch.from_numpy(strategy.features.copy())
+    metrics = strategy.aggregate(1, replies)
+    z, reported = average_class_gradients((r.arrays["class-gradients"]["z"], r.arrays["class-gradients"]["present"])
+                                          for r in replies)
+    before, after = match_features(H0, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
+                                   torch.from_numpy(head["head.weight"]), torch.from_numpy(head["head.bias"]),
+                                   3, 0.01, "adam")
+    assert np.allclose(strategy.features, H0.numpy(), atol=1e-6)
+    assert metrics["match-loss-before"] == pytest.approx(before) and metrics["match-loss"] == pytest.approx(after)
+    assert after < before and strategy.has_features
+    assert set(metrics) == {"clusters", "silhouette", "match-loss-before", "match-loss"}
+    none, _ = _strategy_and_replies(pkcf=False)
+    assert set(none.aggregate(1, _strategy_and_replies()[1])) == {"clusters", "silhouette"}
+
+
+def test_without_pretrained_heads_or_acmu_the_global_model_is_fedavg():
+    from fedstrategies.aggregate import weighted_average
+
+    strategy, replies = _strategy_and_replies(acmu=False)
+    assert not strategy.heads_pretrained(replies)
+    n = [r.num_examples for r in replies]
+    metrics = strategy.aggregate(1, replies)
+    fedavg = weighted_average([r.arrays["weights"] for r in replies], n)
+    assert all(np.allclose(strategy.global_weights[k], v, atol=1e-6) for k, v in fedavg.items())
+    assert metrics["clusters"] == len(replies) and metrics["silhouette"] == 0.0
+    pretrained, replies = _strategy_and_replies(pretrained=True)
+    assert pretrained.heads_pretrained(replies)
+    assert not pretrained.heads_pretrained(replies[:0])
+
+
+def test_checkpoint_state_restores_and_repacks():
+    from fedcore import wire
+
+    strategy, replies = _strategy_and_replies()
+    strategy.train_payload(0, 1)  # packs the initial model
+    strategy.aggregate(1, replies)
+    other, _ = _strategy_and_replies()
+    other.train_payload(0, 1)
+    other.load_state_dict(strategy.state_dict())
+    down = other.train_payload(0, 2)
+    assert np.array_equal(wire.unpack_arrays(down["federated-features"])["features"], strategy.features)
+    assert np.array_equal(wire.unpack_arrays(down[wire.WEIGHTS])["head.weight"], strategy.global_weights["head.weight"])
+    assert other.trained == set(range(len(replies)))
+
+
+@pytest.mark.parametrize("pretrained", [False, True])
+def test_update_and_map_grams_are_the_inner_products_of_the_flattened_updates_and_maps(pretrained):
+    """dw_i = w_i - w_i^start over the trainable tensors, the start head being the one the client sent when
+    heads were pre-trained, else the global one; M_i = the concatenated maps. Written out with one big matrix."""
+    strategy, replies = _strategy_and_replies(pretrained=pretrained)
+    rows = []
+    for r in replies:
+        parts = []
+        for k in strategy.param_keys:
+            start = r.arrays["start-head"][k] if (pretrained and k.startswith("head.")) else strategy.global_weights[k]
+            parts.append((r.arrays["weights"][k] - start).astype(np.float64).ravel())
+        rows.append(np.concatenate(parts))
+    dw = np.stack(rows)
+    assert np.allclose(strategy._update_gram(replies), dw @ dw.T, rtol=1e-5)
+    maps = np.stack([np.concatenate([r.arrays["bavd-maps"]["0"].ravel(), r.arrays["bavd-maps"]["1"].ravel()])
+                     for r in replies]).astype(np.float64)
+    assert np.allclose(strategy._map_gram(replies), maps @ maps.T)
+    assert _strategy_and_replies(bavd=False)[0]._map_gram(replies) is None
+
+
+def test_cluster_runs_choose_clusters_on_the_combined_similarity_with_the_rounds_seed(monkeypatch):
+    """The strategy's ACMU call: Eq. 8 on the update and map Grams, the configured count range and fixed
+    count, and a k-means seed drawn from (run seed, round, stream 13), so that a rerun repeats it."""
+    from fedstrategies import mupfl as strategy_module
+
+    strategy, replies = _strategy_and_replies(**{"alpha-s": 0.3, "max-clusters": 4, "clusters": 2})
+    calls = []
+    real = mm.choose_clusters
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(strategy_module.mm, "choose_clusters", spy)
+    got = strategy.cluster(5, replies)
+    (similarity, low, high, seed), kwargs = calls[0]
+    expected = mm.combined_similarity(strategy._update_gram(replies), strategy._map_gram(replies), 0.3)
+    assert np.allclose(similarity, expected) and (low, high) == (2, 4) and kwargs == {"fixed": 2}
+    assert seed == int(np.random.SeedSequence([strategy.cfg["seed"], 5, 13]).generate_state(1)[0])
+    assert got.count == 2
+
+
+def test_with_pkcf_off_no_start_head_is_read():
+    strategy, replies = _strategy_and_replies(pkcf=False)
+    for r in replies:
+        del r.arrays["start-head"]
+    assert not strategy.heads_pretrained(replies)
+    strategy.aggregate(1, replies)  # reads no start head
+
+
+def test_aggregate_records_the_cluster_labels_and_keeps_float32_weights():
+    strategy, replies = _strategy_and_replies(pretrained=True)
+    clustering = strategy.cluster(1, replies)
+    strategy.aggregate(1, replies)
+    matrix = strategy.round_matrices["clusters"]
+    assert matrix.tolist() == [[r.pid for r in replies], clustering.labels.tolist()]
+    assert all(strategy.global_weights[k].dtype == np.float32 for k in strategy.global_weights)
+
+
+def test_batchnorm_statistics_are_the_sample_weighted_mean_not_the_cluster_weighted_one():
+    from benchmarks.server_time import fake_clients
+    from fedcore import wire
+    from fedcore.config import Config
+    from fedcore.models import model_facts
+    from fedstrategies.aggregate import weighted_average
+    from fedstrategies.base import ClientReply
+    from fedstrategies.mupfl import MuPFLStrategy
+
+    cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "model": "resnet8", "mupfl.bavd": False,
+                                  "mupfl.pkcf": False, "mupfl.clusters": 2})
+    strategy = MuPFLStrategy(cfg, fake_clients(4), model_facts("resnet8", (3, 8, 8), 10, 0))
+    assert strategy.buffer_keys
+    rng = np.random.default_rng(0)
+    replies = [ClientReply(pid, pid, n, {wire.TRAIN_LOSS: 1.0}, {"weights": {
+        k: (v + rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
+        for k, v in strategy.global_weights.items()}}) for pid, n in enumerate((10, 30, 50, 70))]
+    strategy.aggregate(1, replies)
+    by_n = weighted_average([{k: r.arrays["weights"][k] for k in strategy.buffer_keys} for r in replies],
+                            [10, 30, 50, 70])
+    float_buffers = [k for k in strategy.buffer_keys if strategy.global_weights[k].dtype.kind == "f"]
+    assert float_buffers and all(np.allclose(strategy.global_weights[k], by_n[k], atol=1e-6) for k in float_buffers)
+
+
+def test_no_matching_without_features_or_without_reported_classes_and_one_feature_per_class_matches():
+    strategy, replies = _strategy_and_replies(**{"features-per-class": 0})
+    assert strategy.match(replies, {k: strategy.global_weights[k] for k in strategy.head_keys}) == \
+        {"match-loss-before": 0.0, "match-loss": 0.0}
+    assert not strategy.has_features
+    strategy, replies = _strategy_and_replies()
+    for r in replies:
+        r.arrays["class-gradients"]["present"][:] = 0
+    H = strategy.features.copy()
+    assert strategy.match(replies, {k: strategy.global_weights[k] for k in strategy.head_keys}) == \
+        {"match-loss-before": 0.0, "match-loss": 0.0}
+    assert np.array_equal(strategy.features, H) and not strategy.has_features
+    one, replies = _strategy_and_replies(**{"features-per-class": 1})
+    H = one.features.copy()
+    metrics = one.match(replies, {k: one.global_weights[k] for k in one.head_keys})
+    assert metrics["match-loss"] < metrics["match-loss-before"] and not np.array_equal(one.features, H)
+
+
+def test_a_class_reported_by_one_client_is_that_clients_gradient_and_the_default_optimiser_is_adam():
+    z1, z2 = np.full((3, 4), 2.0), np.full((3, 4), 6.0)
+    p1, p2 = np.array([1, 1, 0], dtype=np.float32), np.array([1, 0, 0], dtype=np.float32)
+    z, reported = ff.average_class_gradients([(z1 * p1[:, None], p1), (z2 * p2[:, None], p2)])
+    assert np.allclose(z[0], 4.0) and np.allclose(z[1], 2.0) and reported.tolist() == [True, True, False]
+    torch.manual_seed(9)
+    W, b, target = torch.randn(3, 4), torch.randn(3), torch.randn(3, 15)
+    H = torch.randn(6, 4)
+    H2 = H.clone()
+    rep = torch.tensor([True, True, False])
+    assert ff.match_features(H, target, rep, W, b, 3, 0.05) == ff.match_features(H2, target, rep, W, b, 3, 0.05, "adam")

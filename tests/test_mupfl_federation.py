@@ -76,6 +76,18 @@ def test_client_state_keeps_maps_and_counters_across_rounds_and_metrics_reach_ro
         assert context.state.config_records[BAVD_COUNTERS]["steps"] == 2 * int(np.ceil(data.num_train / 16))
 
 
+def test_round_one_matching_at_the_default_steps_halves_the_loss_and_rounds_csv_has_both_columns(tmp_path):
+    """#27: rounds.csv carries match-loss-before and match-loss every round; at the default matching
+    (steps, step size, optimiser) the loss falls at least by half in round 1 and stays low after."""
+    from fedstrategies.mupfl import HPARAMS
+
+    defaults = {f"mupfl.{k}": HPARAMS[k].default for k in ("match-steps", "match-lr", "match-optimizer")}
+    _, rows, _ = _run(tmp_path, "match", **{**defaults, "num-server-rounds": 2, "batch-size": 32})
+    before, after = ([float(r[c]) for r in rows] for c in ("m_match_loss_before", "m_match_loss"))
+    assert before[0] > 0.3 and after[0] <= 0.5 * before[0]
+    assert after[1] <= 0.5 * before[0]
+
+
 def test_a_malformed_reply_is_dropped_and_the_run_goes_on(tmp_path):
     from fedcore import wire
     from fedcore.contracts.mupfl import GRADIENTS
@@ -158,10 +170,11 @@ def test_flwr_run_smoke(tmp_path):
     from server_app.launch import simulate
 
     config = {**SMALL, "method": "mupfl", "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path),
-              "run-name": "flwr"}
+              "run-name": "flwr", "mupfl.match-steps": 100}  # the default matching: round 1 halves its loss
     result = simulate(config, supernodes=2, app_dir=ROOT, stream=False, timeout=600, flwr_home=tmp_path / "home")
     assert result["status"] == "finished:completed", result
     with open(tmp_path / "flwr" / "rounds.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(r["m_clusters"] and r["m_match_loss"] for r in rows)
+    assert float(rows[0]["m_match_loss"]) <= 0.5 * float(rows[0]["m_match_loss_before"])
     assert rows[1]["state_round_min"] == "1"

@@ -1,0 +1,168 @@
+"""CReFF (issue #31): its defining rule, classifier re-training on federated features whose classifier
+gradients match the clients' averaged per-class gradients, checked on small cases by a second route, and
+what each message carries. The federation-level tests are in test_creff_federation.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedcore import class_gradients as cg
+from fedcore import wire
+from fedcore.contracts.creff import GRADIENTS, RETRAINED_HEAD
+from fedstrategies import federated_features as ff
+
+
+def test_fresh_linear_is_torch_linears_default_uniform():
+    g = torch.Generator().manual_seed(3)
+    weight, bias = ff.fresh_linear(16, 4, g)
+    g2 = torch.Generator().manual_seed(3)
+    assert torch.allclose(weight, (torch.rand((4, 16), generator=g2) * 2 - 1) / 4)
+    assert torch.allclose(bias, (torch.rand((4,), generator=g2) * 2 - 1) / 4)
+    big, _ = ff.fresh_linear(100, 50, torch.Generator().manual_seed(0))
+    assert big.abs().max() <= 0.1 and big.abs().max() > 0.09 and abs(float(big.mean())) < 0.005
+
+
+def test_retraining_is_minibatch_sgd_on_cross_entropy_equal_to_torch_sgd():
+    torch.manual_seed(0)
+    K, d, m = 3, 5, 7
+    H, y = torch.randn(K * m, d), cg.synthetic_labels(K, m)
+    W0, b0 = torch.randn(K, d), torch.randn(K)
+    W, b = ff.retrain_classifier(H, y, W0, b0, epochs=3, lr=0.2, batch_size=4, generator=torch.Generator().manual_seed(1))
+    head = torch.nn.Linear(d, K)
+    head.weight.data, head.bias.data = W0.clone(), b0.clone()
+    opt = torch.optim.SGD(head.parameters(), lr=0.2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for batch in torch.randperm(K * m, generator=g).split(4):
+            opt.zero_grad()
+            F.cross_entropy(head(H[batch]), y[batch]).backward()
+            opt.step()
+    assert torch.allclose(W, head.weight.detach(), atol=1e-6) and torch.allclose(b, head.bias.detach(), atol=1e-6)
+    loss = lambda w, c: float(F.cross_entropy(H @ w.T + c, y))  # noqa: E731
+    assert loss(W, b) < loss(W0, b0)  # the re-training lowers the loss on H
+    W1, b1 = ff.retrain_classifier(H, y, W0, b0, epochs=0, lr=0.2, batch_size=4, generator=g)
+    assert torch.equal(W1, W0) and torch.equal(b1, b0)
+
+
+def _strategy(**hp):
+    from benchmarks.server_time import fake_clients
+    from fedcore.config import Config
+    from fedcore.models import model_facts
+    from fedstrategies.creff import CReFFStrategy
+
+    cfg = Config.from_run_config({"method": "creff", "dataset": "digits", "model": "mupflcnn",
+                                  **{f"creff.{k}": v for k, v in {"features-per-class": 4, "match-steps": 5,
+                                                                   "retrain-epochs": 3, **hp}.items()}})
+    return CReFFStrategy(cfg, fake_clients(4), model_facts("mupflcnn", (1, 8, 8), 10, 0))
+
+
+def _replies(strategy, seed=0):
+    from fedstrategies.base import ClientReply
+
+    rng = np.random.default_rng(seed)
+    K, d = 10, strategy.model.feature_dim
+    replies = []
+    for pid in range(3):
+        present = (rng.random(K) < 0.7).astype(np.float32)
+        weights = {k: (v + 0.1 * rng.standard_normal(v.shape)).astype(v.dtype) for k, v in strategy.global_weights.items()}
+        z = rng.standard_normal((K, K * d + K)).astype(np.float32) * present[:, None]
+        replies.append(ClientReply(pid, 100 + pid, 10 + 20 * pid, {wire.TRAIN_LOSS: 1.0},
+                                   {wire.WEIGHTS: weights, GRADIENTS: {"z": z, "present": present}}))
+    return replies
+
+
+def test_server_round_is_fedavg_then_matching_at_the_sent_head_then_a_fresh_head_retrained_on_h():
+    from fedstrategies.aggregate import weighted_average
+
+    strategy = _strategy()
+    replies = _replies(strategy)
+    sent = {k: np.array(v) for k, v in wire.unpack_arrays(strategy.train_payload(0, 1)[RETRAINED_HEAD]).items()}
+    assert all(np.array_equal(sent[k], v) for k, v in strategy.retrained.items())
+    H0, gen = torch.from_numpy(strategy.features.copy()), torch.Generator()
+    gen.set_state(strategy.torch_generator.get_state())
+    metrics = strategy.aggregate(1, replies)
+    # FedAvg
+    fedavg = weighted_average([r.arrays[wire.WEIGHTS] for r in replies], [r.num_examples for r in replies])
+    assert all(np.allclose(strategy.global_weights[k], v) for k, v in fedavg.items())
+    # the matching, at the head that was sent, on z averaged over the reporting clients
+    z, reported = ff.average_class_gradients((r.arrays[GRADIENTS]["z"], r.arrays[GRADIENTS]["present"])
+                                             for r in replies)
+    before, after = ff.match_features(H0, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
+                                      torch.from_numpy(sent["head.weight"]), torch.from_numpy(sent["head.bias"]),
+                                      5, 0.1, "sgd")
+    assert np.allclose(strategy.features, H0.numpy(), atol=1e-6)
+    assert metrics == pytest.approx({"match-loss-before": before, "match-loss": after})
+    assert after < before
+    # a freshly initialised classifier re-trained on the new H
+    W0, b0 = ff.fresh_linear(strategy.model.feature_dim, 10, gen)
+    W, b = ff.retrain_classifier(H0, cg.synthetic_labels(10, 4), W0, b0, 3, 0.01, 32, gen)
+    assert np.allclose(strategy.retrained["head.weight"], W.numpy(), atol=1e-6)
+    assert np.allclose(strategy.retrained["head.bias"], b.numpy(), atol=1e-6)
+    # evaluation: the FedAvg body with the re-trained classifier; training: the FedAvg model and the new head
+    evaluated = wire.unpack_arrays(strategy.evaluate_payload(2, 1)[wire.WEIGHTS])
+    for k, v in evaluated.items():
+        assert np.array_equal(v, strategy.retrained[k] if k.startswith("head.") else strategy.global_weights[k])
+    down = strategy.train_payload(1, 2)
+    assert np.array_equal(wire.unpack_arrays(down[wire.WEIGHTS])["head.weight"], strategy.global_weights["head.weight"])
+    assert np.array_equal(wire.unpack_arrays(down[RETRAINED_HEAD])["head.weight"], strategy.retrained["head.weight"])
+
+
+def test_replies_are_checked_and_state_round_trips():
+    strategy = _strategy()
+    replies = _replies(strategy)
+    assert strategy.reply_schema(0)[GRADIENTS] == {"z": (10, 10 * 256 + 10), "present": (10,)}
+    assert strategy.check_reply(replies[0]) is None
+    bad = replies[1]
+    bad.arrays[GRADIENTS]["present"] = bad.arrays[GRADIENTS]["present"] * 2 + 1
+    assert "present" in strategy.check_reply(bad)
+    strategy.aggregate(1, _replies(strategy, seed=1))
+    fresh = _strategy()
+    fresh.load_state_dict(strategy.state_dict())
+    assert np.array_equal(fresh.features, strategy.features)
+    assert all(np.array_equal(fresh.retrained[k], v) for k, v in strategy.retrained.items())
+    again = _replies(strategy, seed=2)
+    assert fresh.aggregate(2, again) == strategy.aggregate(2, _replies(strategy, seed=2))
+
+
+def test_client_takes_gradients_at_the_received_body_and_retrained_head_before_training():
+    from flwr.app import RecordDict
+
+    from clients.base import ClientEnv
+    from clients.creff import CReFFClient
+    from clients.mupfl import SAMPLE_TAG, sample_per_class
+    from fedcore.config import Config
+
+    cfg = Config.from_run_config({"method": "creff", "dataset": "digits", "partition": "iid", "model": "mupflcnn",
+                                  "batch-size": 32, "lr": 0.05, "local-epochs": 1, "client-threads": 1})
+
+    def client():
+        return CReFFClient(ClientEnv(cfg, pid=1, num_clients=3, state=RecordDict(), server_round=1,
+                                     config={"server-round": 1, "phase": "train"}))
+
+    c = client()
+    model = c.new_model()
+    g = torch.Generator().manual_seed(0)
+    head = {"head.weight": torch.randn(10, model.feature_dim, generator=g), "head.bias": torch.randn(10, generator=g)}
+    content = RecordDict({wire.WEIGHTS: wire.pack_arrays(model.state_dict()), RETRAINED_HEAD: wire.pack_arrays(head)})
+    upload, metrics = c.fit(content)
+    assert set(upload) == {wire.WEIGHTS, GRADIENTS}
+    x, y = sample_per_class(c.data, 32, c.env.generator(SAMPLE_TAG))
+    model.eval()
+    with torch.no_grad():
+        h = model.features(x)  # the received (untrained) body
+    z, present = cg.class_gradients(h, y, head["head.weight"], head["head.bias"], 10)
+    grads = wire.unpack_arrays(upload[GRADIENTS])
+    assert np.allclose(grads["z"], z.numpy(), atol=1e-6) and np.array_equal(grads["present"], present.float().numpy())
+    twin = client()
+    trained = twin.new_model()
+    loss = twin.train(trained)
+    weights = wire.unpack_arrays(upload[wire.WEIGHTS])
+    assert all(np.allclose(weights[k], v.numpy(), atol=1e-6) for k, v in trained.state_dict().items())
+    assert metrics[wire.TRAIN_LOSS] == pytest.approx(loss)
+    result = client().evaluate(content)  # the evaluated model is exactly what the server sent
+    from clients.training import evaluate_model
+
+    assert result.correct == evaluate_model(model, c.data.x_test, c.data.y_test)[1]

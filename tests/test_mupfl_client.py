@@ -1,0 +1,224 @@
+"""MuPFL's client, one message at a time on a hand-built content: the stage order of a round (PKCF
+pre-training -> local training with BAVD -> class gradients), which head is pre-trained, what the reply
+carries with its values, what the client keeps in state, and which model it evaluates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedcore import class_gradients as cg
+from fedcore import wire
+from fedcore.contracts.mupfl import FEATURES, GRADIENTS, MAPS, START_HEAD
+
+M, TAU = 3, 2  # features per class and pre-training epochs: small, every stage still runs
+
+
+def _client(state=None, server_round=2, has_features=True, **hp):
+    from flwr.app import RecordDict
+
+    from clients.base import ClientEnv
+    from clients.mupfl import MuPFLClient
+    from fedcore.config import Config
+
+    hp = {"features-per-class": M, "head-epochs": TAU, **hp}
+    cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "partition": "iid", "model": "mupflcnn",
+                                  "batch-size": 32, "lr": 0.05, "local-epochs": 1, "client-threads": 1,
+                                  **{f"mupfl.{k}": v for k, v in hp.items()}})
+    env = ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict() if state is None else state,
+                    server_round=server_round, config={"server-round": server_round, "phase": "train",
+                                                       "has-features": has_features, "lr": 0.05})
+    return MuPFLClient(env)
+
+
+def _content(client, seed=0, with_features=True):
+    from flwr.app import RecordDict
+
+    torch.manual_seed(seed)
+    model = client.new_model()
+    for p in model.parameters():  # a global model unlike the seeded initial one
+        p.data.add_(0.05 * torch.randn_like(p))
+    content = {wire.WEIGHTS: wire.pack_arrays(model.state_dict())}
+    if with_features:
+        H = np.random.default_rng(seed).standard_normal((10 * M, model.feature_dim)).astype(np.float32)
+        content[FEATURES] = wire.pack_arrays({"features": H})
+    return RecordDict(content), model
+
+
+def _head(state_dict):
+    return {k: v for k, v in state_dict.items() if k.startswith("head.")}
+
+
+def _expected_pretrained(client, start_model, content):
+    """PKCF by hand: the same pre-training (same shuffle stream) from the given head."""
+    from clients.mupfl import PKCF_TAG
+
+    model = client.new_model()
+    model.load_state_dict(start_model.state_dict())
+    client.pretrain_head(model, content, PKCF_TAG)
+    return {"head." + k: v for k, v in model.head.state_dict().items()}
+
+
+def _stored_state(client_round=1):
+    """Client state after one fit without features: a stored model whose head differs from any global one."""
+    client = _client(server_round=client_round, has_features=False)
+    content, _ = _content(client, seed=5, with_features=False)
+    client.fit(content)
+    return client.env.state
+
+
+@pytest.mark.parametrize("choice", ["stored", "received", "fresh"])
+def test_pkcf_pretrains_the_chosen_head_and_local_training_starts_from_it(choice):
+    from clients.mupfl import MODEL
+
+    state = _stored_state()
+    stored = wire.torch_arrays(state.array_records[MODEL])
+    client = _client(state=state, **{"pkcf-head": choice})
+    content, received = _content(client)
+    start = client.new_model()
+    start.load_state_dict(received.state_dict())  # the received body always
+    if choice == "stored":
+        start.load_state_dict({**received.state_dict(), **_head(stored)})
+    elif choice == "fresh":
+        start.load_state_dict({**received.state_dict(), **_head(client.new_model().state_dict())})
+    expected = _expected_pretrained(_client(state=state, **{"pkcf-head": choice}), start, content)
+    upload, _ = client.fit(content)
+    got = wire.unpack_arrays(upload[START_HEAD])
+    assert set(got) == {"head.weight", "head.bias"}
+    for k, v in expected.items():
+        assert np.allclose(got[k], v.numpy(), atol=1e-6)
+    assert not np.allclose(got["head.weight"], _head(received.state_dict())["head.weight"].numpy())
+
+
+def test_a_client_without_a_stored_model_pretrains_the_received_head():
+    client = _client()
+    content, received = _content(client)
+    expected = _expected_pretrained(_client(), received, content)
+    upload, _ = client.fit(content)
+    got = wire.unpack_arrays(upload[START_HEAD])
+    assert all(np.allclose(got[k], v.numpy(), atol=1e-6) for k, v in expected.items())
+
+
+def test_without_features_or_with_pkcf_off_the_start_head_is_the_received_one_and_no_pretraining():
+    for kwargs in ({"has_features": False}, {"head-epochs": 0}, {"features-per-class": 0}):
+        client = _client(**kwargs)
+        content, received = _content(client, with_features=kwargs != {"features-per-class": 0})
+        upload, _ = client.fit(content)
+        got = wire.unpack_arrays(upload[START_HEAD])
+        assert all(np.array_equal(got[k], v.numpy()) for k, v in _head(received.state_dict()).items())
+
+
+def test_the_reply_is_local_training_from_the_pretrained_start_with_bavd_and_the_gradients_at_the_received_head():
+    """Stage order and values: weights = local training (with BAVD) of (received body, pre-trained head);
+    z = closed-form class gradients of the trained extractor at the received head; the model and the
+    maps are kept in state, and lambda counts the steps."""
+    from clients.mupfl import BAVD, BAVD_COUNTERS, BAVD_MAPS, MODEL
+
+    client = _client()
+    content, received = _content(client)
+    upload, metrics = client.fit(content)
+    assert set(upload) == {wire.WEIGHTS, START_HEAD, GRADIENTS, MAPS}
+    # redo the round by hand with a second, identical client
+    twin = _client()
+    model = twin.new_model()
+    model.load_state_dict({**received.state_dict(), **wire.torch_arrays(upload[START_HEAD])})
+    bavd = BAVD.from_state(twin.env, model, "decrease")
+    bavd.recording = True
+    loss = twin.train(model, after_step=bavd.after_step)
+    weights = wire.unpack_arrays(upload[wire.WEIGHTS])
+    assert all(np.allclose(weights[k], v.numpy(), atol=1e-6) for k, v in model.state_dict().items())
+    assert metrics[wire.TRAIN_LOSS] == pytest.approx(loss, rel=1e-5)
+    maps = wire.unpack_arrays(upload[MAPS])
+    assert all(np.allclose(maps[str(i)], m.numpy()) for i, m in enumerate(bavd.maps))
+    assert metrics[wire.METHOD_METRIC_PREFIX + "bavd-keep"] == pytest.approx(bavd.keep_fraction())
+    steps = int(np.ceil(twin.data.num_train / 32))
+    assert client.env.state.config_records[BAVD_COUNTERS]["steps"] == steps == bavd.steps
+    kept = wire.unpack_arrays(client.env.state.array_records[BAVD_MAPS])
+    assert all(np.array_equal(kept[k], maps[k]) for k in maps)
+    stored = wire.unpack_arrays(client.env.state.array_records[MODEL])
+    assert all(np.array_equal(stored[k], weights[k]) for k in weights)  # the model it uploaded
+    # z at the received head, from the trained extractor in eval mode (BAVD masks on, as evaluated)
+    x, y = twin.sample_per_class()
+    model.eval()
+    with torch.no_grad():
+        h = model.features(x)
+    head = _head(received.state_dict())
+    z, present = cg.class_gradients(h, y, head["head.weight"], head["head.bias"], 10)
+    grads = wire.unpack_arrays(upload[GRADIENTS])
+    assert np.allclose(grads["z"], z.numpy(), atol=1e-5) and np.array_equal(grads["present"], present.float().numpy())
+    bavd.remove()
+
+
+def test_z_ref_local_takes_the_gradients_at_the_trained_head():
+    client = _client(**{"z-ref": "local"})
+    content, _ = _content(client)
+    upload, _ = client.fit(content)
+    from clients.mupfl import MuPFLClient  # noqa: F401
+
+    trained = wire.torch_arrays(upload[wire.WEIGHTS])
+    model = client.new_model()
+    model.load_state_dict(trained)
+    from clients.mupfl import BAVD
+
+    bavd = BAVD.from_state(client.env, model, "decrease")
+    x, y = client.sample_per_class()
+    model.eval()
+    with torch.no_grad():
+        h = model.features(x)
+    bavd.remove()
+    z, _ = cg.class_gradients(h, y, trained["head.weight"], trained["head.bias"], 10)
+    assert np.allclose(wire.unpack_arrays(upload[GRADIENTS])["z"], z.numpy(), atol=1e-5)
+
+
+def test_bavd_off_sends_no_maps_and_pkcf_off_sends_no_gradients():
+    upload, metrics = _client(bavd=False).fit(_content(_client(bavd=False))[0])
+    assert MAPS not in upload and wire.METHOD_METRIC_PREFIX + "bavd-keep" not in metrics
+    upload, _ = _client(pkcf=False).fit(_content(_client(pkcf=False))[0])
+    assert set(upload) == {wire.WEIGHTS, MAPS}
+
+
+def test_evaluation_scores_the_stored_model_and_a_new_client_the_global_model_with_its_pkcf_head():
+    from clients.mupfl import MODEL, EVAL_PKCF_TAG
+    from clients.training import evaluate_model
+
+    state = _stored_state()
+    client = _client(state=state, bavd=False)
+    content, received = _content(client)
+    stored = client.new_model()
+    stored.load_state_dict(wire.torch_arrays(state.array_records[MODEL]))
+    got = client.evaluate(content)
+    loss, correct, _ = evaluate_model(stored, client.data.x_test, client.data.y_test)
+    assert (got.loss, got.correct) == (pytest.approx(loss), correct)
+    fresh = _client(bavd=False)
+    model = fresh.new_model()
+    model.load_state_dict(received.state_dict())
+    fresh.pretrain_head(model, content, EVAL_PKCF_TAG)
+    loss, correct, _ = evaluate_model(model, fresh.data.x_test, fresh.data.y_test)
+    got = _client(bavd=False).evaluate(content)
+    assert (got.loss, got.correct) == (pytest.approx(loss), correct)
+    # and the stored model is not the global one: the two evaluations differ
+    assert client.evaluate(content).loss != pytest.approx(got.loss)
+
+
+def test_evaluation_applies_the_stored_bavd_masks_only_with_bavd_at_eval():
+    from clients.mupfl import BAVD, MODEL
+    from clients.training import evaluate_model
+
+    state = _stored_state()
+    client = _client(state=state)
+    content, _ = _content(client)
+    model = client.new_model()
+    model.load_state_dict(wire.torch_arrays(state.array_records[MODEL]))
+    plain = evaluate_model(model, client.data.x_test, client.data.y_test)
+    bavd = BAVD.from_state(client.env, model, "decrease")
+    assert bavd.keep_fraction() < 1  # the stored maps drop positions
+    masked = evaluate_model(model, client.data.x_test, client.data.y_test)
+    bavd.remove()
+    assert masked[0] != pytest.approx(plain[0])
+    got = client.evaluate(content)
+    assert (got.loss, got.correct) == (pytest.approx(masked[0]), masked[1])
+    off = _client(state=state, **{"bavd-at-eval": False}).evaluate(content)
+    assert (off.loss, off.correct) == (pytest.approx(plain[0]), plain[1])
+    # the hooks are gone after evaluating: the model evaluates plainly again
+    assert _client(state=state, bavd=False).evaluate(content).loss == pytest.approx(plain[0])
