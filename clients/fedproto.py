@@ -38,7 +38,8 @@ class FedProtoClient(ClientMethod):
 
             def loss_fn(model, xb, yb):
                 h = model.features(xb)
-                loss = F.cross_entropy(model.head(h), yb)
+                # the model's whole decision module (protocnn: Dropout + Linear), as in round 1 and in pFedPM
+                loss = F.cross_entropy(getattr(model, "classify", model.head)(h), yb)
                 has = known[yb]
                 if bool(has.any()):  # classes without a global prototype add no pull
                     loss = loss + lam * F.mse_loss(h[has], table[yb[has]])

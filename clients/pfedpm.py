@@ -90,13 +90,25 @@ def mix_features(local_ids: torch.Tensor, local: torch.Tensor, global_ids: torch
     return ids, mixed[ids]
 
 
-def l2_regulariser(h: torch.Tensor, y: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """L_R as the spec reads Eq. 11: the mean over the classes j in the batch of ||C̃^(j) - m_j||_2
-    (unsquared), with m_j the batch's mean feature of class j. ``table`` is (C, d), row j = C̃^(j)."""
+def batch_class_means(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classes j present in the batch and m_j, the batch's mean feature of each (Alg. 1: Eq. 6 per batch)."""
     classes, inverse = torch.unique(y, return_inverse=True)
     sums = h.new_zeros(len(classes), h.shape[1]).index_add_(0, inverse, h)
-    means = sums / torch.bincount(inverse, minlength=len(classes)).unsqueeze(1).to(h.dtype)
+    return classes, sums / torch.bincount(inverse, minlength=len(classes)).unsqueeze(1).to(h.dtype)
+
+
+def l2_regulariser(h: torch.Tensor, y: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """L_R as the spec reads Eq. 11: the mean over the classes j in the batch of ||C̃^(j) - m_j||_2
+    (unsquared). ``table`` is (C, d), row j = C̃^(j)."""
+    classes, means = batch_class_means(h, y)
     return (table[classes] - means).norm(dim=1).mean()
+
+
+def l2sq_regulariser(h: torch.Tensor, y: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``l2`` with the distance squared: its pull fades as m_j nears C̃^(j), where the unsquared
+    distance pulls with the same strength at any distance."""
+    classes, means = batch_class_means(h, y)
+    return (table[classes] - means).pow(2).sum(dim=1).mean()
 
 
 def fedproto_regulariser(h: torch.Tensor, y: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -104,7 +116,7 @@ def fedproto_regulariser(h: torch.Tensor, y: torch.Tensor, table: torch.Tensor) 
     return F.mse_loss(h, table[y])
 
 
-REGULARISERS = {"l2": l2_regulariser, "fedproto": fedproto_regulariser}
+REGULARISERS = {"l2": l2_regulariser, "l2sq": l2sq_regulariser, "fedproto": fedproto_regulariser}
 
 
 def logits_of(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -243,12 +255,12 @@ class PFedPMClient(ClientMethod):
         if mixed is None:  # never trained: the current body's own class features
             mixed = self.local_features(model)[:2]
         ids, feats = mixed
-        relation_correct = 0
-        if n and len(ids):
+        relation_correct = 0  # evaluate_features has already failed on an empty test split: n >= 1 here
+        if len(ids):
             relation.eval()
             chunk = max(1, MAX_PAIR_VALUES // (len(ids) * model.feature_dim))
             with torch.no_grad():
                 pred = torch.cat([ids[relation.scores(h[s:s + chunk], feats).argmax(1)]
                                   for s in range(0, n, chunk)])
             relation_correct = int((pred == self.data.y_test).sum())
-        return EvalResult(loss, correct, n, {RELATION_ACC: relation_correct / n if n else 0.0})
+        return EvalResult(loss, correct, n, {RELATION_ACC: relation_correct / n})

@@ -31,8 +31,9 @@ HPARAMS = {
     "lambda": Key(1.0, "weight of the feature regulariser L_R in the local loss (Eq. 9); the paper uses "
                        "1 on MNIST/FEMNIST, 0.1 on CIFAR-10", low=0.0),
     "reg": Key("l2", "L_R: 'l2' = unsquared L2 distance of the mixed feature to the batch's class mean, "
-                     "averaged over the classes in the batch (Eq. 11); 'fedproto' = per-sample MSE to the "
-                     "mixed feature of the sample's class (FedProto's code)", choices=("l2", "fedproto")),
+                     "averaged over the classes in the batch (Eq. 11); 'l2sq' = the same distance squared; "
+                     "'fedproto' = per-sample MSE to the mixed feature of the sample's class (FedProto's code)",
+               choices=("l2", "l2sq", "fedproto")),
     "agg": Key("weighted", "Eq. 7: 'weighted' (n_ij/N_j weights), 'paper_literal' (as printed, also / "
                            "number of holders) or 'uniform' (plain mean over holders)",
                choices=("weighted", "paper_literal", "uniform")),

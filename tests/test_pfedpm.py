@@ -431,7 +431,7 @@ def test_pfedpm_presets_are_valid_run_configs_with_the_paper_settings():
 
     from server_app.compare import entries
 
-    presets = sorted((ROOT / "conf").glob("pfedpm-*.toml"))
+    presets = sorted(p for p in (ROOT / "conf").glob("pfedpm-*.toml") if "digits" not in p.name)
     assert len(presets) >= 6
     for path in presets:
         preset = tomllib.loads(path.read_text())
@@ -443,6 +443,27 @@ def test_pfedpm_presets_are_valid_run_configs_with_the_paper_settings():
             assert "model" in run or "model" in entry.config
         rows = {e.label: e for e in entries(preset)}
         assert rows["R-pfedpm"].runs_of == "pfedpm" and rows["R-pfedpm"].accuracy == "eval_relation_acc"
+
+
+def test_the_small_sweep_and_ablation_presets_share_one_training_rule_and_validate():
+    """conf/pfedpm-digits-*.toml: every row runs with the paper's optimiser set explicitly in the shared run config
+    (no row changes a common key), and each holds out a validation split to choose on."""
+    import tomllib
+
+    from benchmarks.pfedpm_sweep import expand
+    from server_app.compare import entries, load_preset
+
+    for name in ("pfedpm-digits-sweep.toml", "pfedpm-digits-ablation.toml"):
+        preset = expand(load_preset(ROOT / "conf" / name)) if "sweep" in name else load_preset(ROOT / "conf" / name)
+        run = preset["run-config"]
+        assert (run["lr"], run["momentum"], run["batch-size"], run["model"]) == (0.01, 0.5, 10, "protocnn")
+        assert run["val-fraction"] > 0
+        rows = entries(preset)
+        assert rows and all(not {"lr", "momentum", "batch-size", "model", "local-epochs"} & set(e.config) for e in rows)
+        for entry in rows:
+            Config.from_run_config({**run, **entry.config, "method": entry.method})
+    sweep = tomllib.loads((ROOT / "conf" / "pfedpm-digits-sweep.toml").read_text())["sweep"]
+    assert set(sweep["reg"]) == {"l2", "l2sq", "fedproto"}
 
 
 @pytest.mark.long  # a real flwr run / SuperLink: make test-long
