@@ -136,21 +136,25 @@ class FedFCDClient(ClientMethod):
 
         return step
 
+    def learning_rates(self) -> tuple[float, float]:
+        """(eta_f, eta_phi_i): the message's common lr unless ``lr-feature`` / ``lr-personal-head`` set one."""
+        return self.hp["lr-feature"] or self.env.lr, self.hp["lr-personal-head"] or self.env.lr
+
     def local_update(self, model, known: GlobalKnowledge) -> dict:
         """One round of local training on (theta_i, phi_i) = (model.body, model.head); returns metrics."""
         hp = self.hp
-        opt_theta = self.env.optimizer(model.body.parameters(), lr=hp["lr-feature"])
-        opt_phi = self.env.optimizer(model.head.parameters(), lr=hp["lr-personal-head"])
+        eta_f, eta_phi = self.learning_rates()
+        opt_theta = self.env.optimizer(model.body.parameters(), lr=eta_f)
+        opt_phi = self.env.optimizer(model.head.parameters(), lr=eta_phi)
         alternations, budget = self.budget()
+        whole = budget if "steps" in budget else {"epochs": alternations}  # the same budget as one pass
         parts: list = []
         metrics = {}
         if not hp["hierarchical"]:  # w/o HO: joint steps on theta_i and phi_i
-            total = {"steps": budget["steps"]} if "steps" in budget else {"epochs": alternations}
-            loss = self.train(model, optimizer=[opt_theta, opt_phi], loss_fn=self.objective(known, parts), **total)
+            loss = self.train(model, optimizer=[opt_theta, opt_phi], loss_fn=self.objective(known, parts), **whole)
         elif hp["alternation"] == "batch":
-            total = {"steps": budget["steps"]} if "steps" in budget else {"epochs": alternations}
             loss = self.stage_a(model, known, opt_theta, tag=0, parts=parts,
-                                after_step=self.per_batch_head_step(model, known, opt_phi), **total)
+                                after_step=self.per_batch_head_step(model, known, opt_phi), **whole)
         else:
             for epoch in range(alternations):
                 parts.clear()

@@ -34,9 +34,11 @@ from fedstrategies.prototypes import aggregate_class_features, check_whole_class
 HPARAMS = {
     "lambda": Key(1.0, "weight of the feature-alignment term R_i (Eq. 6); paper: 1 for FMNIST, 5 for CIFAR",
                   low=0.0),
-    "lr-feature": Key(0.01, "eta_f: client SGD learning rate of the extractor (stage A)", low=0.0, low_open=True),
-    "lr-personal-head": Key(0.01, "eta_phi_i: client SGD learning rate of the personal head (stage B)",
-                            low=0.0, low_open=True),
+    # 0: the common `lr` (the paper's 0.01 for both through fedcore.paper_settings), so that a comparison that sets
+    # one lr gives every method the same step size (issue #29); a positive value overrides it for this stage only
+    "lr-feature": Key(0.0, "eta_f: client SGD learning rate of the extractor (stage A); 0 = the common lr", low=0.0),
+    "lr-personal-head": Key(0.0, "eta_phi_i: client SGD learning rate of the personal head (stage B); "
+                            "0 = the common lr", low=0.0),
     "lr-global-head": Key(0.01, "eta_phi_g: server SGD learning rate of the global head", low=0.0, low_open=True),
     "server-batch-size": Key(10, "mini-batch size of the server's head training", low=1),
     "server-epochs": Key(1, "epochs of head training over each round's (LFR, label) pairs", low=1),

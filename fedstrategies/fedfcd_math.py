@@ -66,6 +66,8 @@ class GlobalHead:
 
         The pairs are one per (uploading client, class), unweighted, as the paper writes them.
         """
+        if not len(labels):  # randperm(0).split gives one empty batch, whose mean CE is NaN
+            return 0.0
         losses = []
         with one_torch_thread():
             for _ in range(epochs):
@@ -76,4 +78,4 @@ class GlobalHead:
                     loss.backward()
                     self.optimizer.step()
                     losses.append(loss.detach())
-        return float(torch.stack(losses).mean()) if losses else 0.0
+        return float(torch.stack(losses).mean())

@@ -1,0 +1,106 @@
+"""FedFCD's lambda and learning rate chosen on the clients' validation splits (issue #29), never on test.
+
+    python -m benchmarks.fedfcd_sweep conf/fedfcd-mnist5k-sweep.toml [--reuse] [--table-only]
+
+The preset is a ``server_app.compare`` preset with a ``[sweep]`` table of two lists, ``lambda = [...]`` (the
+alignment weight, ``fedfcd.lambda``) and ``lr = [...]`` (the common learning rate, which FedFCD's two client stages
+use); every pair becomes a variant of fedfcd and runs through ``server_app.compare.run_all`` (its ``table.md``
+lands in the preset's output folder as usual). ``sweep.md`` beside it ranks the pairs by their best validation
+accuracy (weighted, mean over seeds) and names the chosen one; the test accuracy at the best-validation round is
+shown for information and chooses nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from server_app.compare import _commit, load_preset, run_all
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def label(lam: float, lr: float) -> str:
+    return f"fedfcd-lam{lam:g}-lr{lr:g}"
+
+
+def grid(preset: dict) -> list[tuple[float, float]]:
+    sweep = preset.get("sweep", {})
+    if not sweep.get("lambda") or not sweep.get("lr"):
+        raise SystemExit("[sweep] needs non-empty lists 'lambda' and 'lr'")
+    return [(float(lam), float(lr)) for lam, lr in itertools.product(sweep["lambda"], sweep["lr"])]
+
+
+def expand(preset: dict) -> dict:
+    """The preset with one fedfcd variant per (lambda, lr) added after any listed methods."""
+    variants, methods = dict(preset.get("variants", {})), list(preset["compare"]["methods"])
+    for lam, lr in grid(preset):
+        variants[label(lam, lr)] = {"method": "fedfcd", "fedfcd.lambda": lam, "lr": lr}
+        methods.append(label(lam, lr))
+    return {**preset, "variants": variants, "compare": {**preset["compare"], "methods": methods}}
+
+
+def _summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:
+    paths = [out / "runs" / f"{name}-s{seed}" / "summary.json" for seed in seeds]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+def _mean_std(values: list) -> str:
+    values = [100 * v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{np.mean(values):.2f}" + (f" ± {np.std(values):.2f}" if len(values) > 1 else "")
+
+
+def sweep_table(preset: dict, out: Path, command: str) -> str:
+    seeds = preset["compare"].get("seeds", [0])
+    rows = []
+    for lam, lr in grid(preset):
+        runs = _summaries(out, label(lam, lr), seeds)
+        val = [s["best_val_acc"] for s in runs if s.get("best_val_acc") is not None]
+        rows.append({"lambda": lam, "lr": lr, "runs": len(runs), "val": float(np.mean(val)) if val else -1.0,
+                     "val_text": _mean_std(val), "rounds": [s.get("best_val_round") for s in runs],
+                     "test": _mean_std([s.get("test_acc_at_best_val") for s in runs])})
+    rows.sort(key=lambda r: -r["val"])
+    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    setting = ", ".join(f"{k}={v}" for k, v in preset["run-config"].items())
+    best = rows[0]
+    lines = [
+        f"Made by `{command}` at commit `{commit}`.",
+        f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients; seeds {seeds}.",
+        "Ranked by the best validation accuracy (weighted: all clients' validation samples together; the validation "
+        "split is val-fraction of each client's training data), mean ± std over seeds. The test accuracy (weighted) "
+        "at the best-validation round is shown for information only; it chose nothing.",
+        "",
+        f"**Chosen on validation: lambda = {best['lambda']:g}, lr = {best['lr']:g}**.",
+        "",
+        "| lambda | lr | best val acc (weighted) | best-val round(s) | test acc at best-val round (weighted) | runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['lambda']:g} | {r['lr']:g} | {r['val_text']} | {r['rounds']} | {r['test']} | {r['runs']} |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("preset", type=Path)
+    parser.add_argument("--reuse", action="store_true", help="keep finished runs whose config matches")
+    parser.add_argument("--table-only", action="store_true", help="run nothing; table the finished runs")
+    args = parser.parse_args(argv)
+    command = f"python -m benchmarks.fedfcd_sweep {args.preset}"
+    preset = {**expand(load_preset(args.preset)), "made": {"command": command, "commit": _commit()}}  # table.md's line
+    out = run_all(preset, ROOT, reuse=args.reuse, table_only=args.table_only)
+    (out / "sweep.md").write_text(sweep_table(preset, out, command))
+    print((out / "sweep.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
