@@ -1,0 +1,141 @@
+"""CFL, clustered federated learning (Sattler, Mueller and Samek, IEEE TNNLS 2020, Algorithm 3).
+
+The server keeps a partition of the clients into clusters, each with its own model theta_c (at
+first one cluster of everyone with the initial model). Each round every sampled client trains its
+cluster's model and uploads it; the server forms each client's update dtheta_i = w_i - theta_c and,
+cluster by cluster:
+
+1. checks Algorithm 3's criterion (``cfl_math.should_split``): the mean update is small,
+   ||sum_i p_i dtheta_i|| < eps1, while the largest is large, max_i ||dtheta_i|| > eps2, and the
+   cluster sent at least ``min-size`` updates (the authors' code: more than 2), after
+   ``warmup-rounds`` rounds (their code: 20);
+2. if so, splits it in two by the cosine similarity of the updates (``cfl_math.bipartition``:
+   the argmin over bipartitions of the largest cross-similarity, i.e. single linkage; or the
+   authors' complete linkage); members that sent no update this round join the larger part;
+3. updates each (new) cluster's model by its members' updates: theta_c + sum_i p_i dtheta_i, with
+   p_i = |D_i| / |D_c| (``weighting = size``, the paper) or 1 / |c| (``uniform``, the authors' code).
+
+Clients train and evaluate their cluster's model (clients/cfl.py). Cosines are computed only for a
+cluster that splits; the criterion itself costs O(n d) (``pairwise``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcore import wire
+from fedcore.config import Key
+from fedstrategies import pairwise
+from fedstrategies.aggregate import weighted_average
+from fedstrategies.base import PersonalizedStrategy, weights_schema
+from fedstrategies.cfl_math import LINKAGES, bipartition, gamma_max, max_cross_similarity, should_split
+
+HPARAMS = {
+    "eps1": Key(0.4, "split a cluster only when the norm of its mean update is below eps1 (the authors' code: 0.4)",
+                low=0.0),
+    "eps2": Key(1.6, "... and its largest client update norm is above eps2 (the authors' code: 1.6)", low=0.0),
+    "warmup-rounds": Key(20, "no split in the first this many rounds (the authors' code: 20)", low=0),
+    "min-size": Key(3, "fewest updates a cluster must send this round to be split (the authors' code: 3)", low=2),
+    "linkage": Key("single", "bipartition: single linkage is the paper's argmin of the largest cross-cluster "
+                   "cosine; complete linkage is the authors' code", choices=LINKAGES),
+    "weighting": Key("size", "p_i in the mean update and the cluster model: |D_i| / |D_c| (paper) or 1 / |c| "
+                     "(authors' code)", choices=("size", "uniform")),
+}
+
+
+class CFLStrategy(PersonalizedStrategy):
+    """A partition of the clients into clusters, one model per cluster, split by Algorithm 3."""
+
+    checkpoint_attrs = ("clusters", "cluster_models", "splits")
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
+        self.clusters: list[list[int]] = [list(self.clients)]
+        self.cluster_models: list[dict[str, np.ndarray]] = [{k: v.copy() for k, v in self.initial_weights.items()}]
+        self.splits: list[dict] = []  # every split: round, the two parts, norms, gamma_max
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """Forget the packed models and map every client to its cluster (after any change)."""
+        self._packed: dict[int, object] = {}
+        self._index = {pid: c for c, members in enumerate(self.clusters) for pid in members}
+
+    def cluster_of(self, pid: int) -> int:
+        return self._index[pid]
+
+    def cluster_record(self, pid: int):
+        """The packed model of ``pid``'s cluster (packed once per cluster version)."""
+        c = self.cluster_of(pid)
+        if c not in self._packed:
+            self._packed[c] = wire.pack_arrays(self.cluster_models[c])
+        return self._packed[c]
+
+    def train_payload(self, pid, server_round):
+        return {wire.WEIGHTS: self.cluster_record(pid)}
+
+    def evaluate_payload(self, pid, server_round):
+        return {wire.WEIGHTS: self.cluster_record(pid)}
+
+    def reply_schema(self, pid):
+        return {wire.WEIGHTS: weights_schema(self.initial_weights)}
+
+    def reference_norm(self, record):
+        if record != wire.WEIGHTS:
+            return None
+        return max(float(np.sqrt(pairwise.squared_norms([m])[0])) for m in self.cluster_models)
+
+    def weights_of(self, replies) -> np.ndarray:
+        """p_i: |D_i| / |D_c| (``size``), or 1 / |c| (``uniform``, and when no reply counts a sample)."""
+        n = np.array([r.num_examples for r in replies], dtype=float)
+        if self.hp["weighting"] == "uniform" or not n.any():
+            n = np.ones(len(replies))
+        return n / n.sum()
+
+    def aggregate(self, server_round, replies):
+        by_cluster: dict[int, list] = {}
+        for r in replies:
+            by_cluster.setdefault(self.cluster_of(r.pid), []).append(r)
+        clusters, models = [], []
+        mean_norms, max_norms, split_now = [], [], 0
+        for c, members in enumerate(self.clusters):
+            theta = self.cluster_models[c]
+            if c not in by_cluster:  # nobody of this cluster replied: it stays as it is
+                clusters.append(members)
+                models.append(theta)
+                continue
+            rs = by_cluster[c]
+            states = [r.arrays[wire.WEIGHTS] for r in rs]
+            p = self.weights_of(rs)
+            merged = weighted_average(states, p)
+            mean_norm = float(np.sqrt(pairwise.squared_norms([merged], minus=theta)[0]))  # ||sum_i p_i dtheta_i||
+            max_norm = float(np.sqrt(pairwise.squared_norms(states, minus=theta).max()))  # max_i ||dtheta_i||
+            mean_norms.append(mean_norm)
+            max_norms.append(max_norm)
+            if server_round > self.hp["warmup-rounds"] and should_split(
+                    mean_norm, max_norm, len(rs), self.hp["eps1"], self.hp["eps2"], self.hp["min-size"]):
+                cos = pairwise.cosine_matrix(pairwise.gram(states, minus=theta))  # of the updates dtheta_i
+                labels = bipartition(cos, self.hp["linkage"])
+                parts = [[r.pid for r, lab in zip(rs, labels) if lab == k] for k in (0, 1)]
+                absent = sorted(set(members) - {r.pid for r in rs})
+                parts[0 if len(parts[0]) >= len(parts[1]) else 1] += absent
+                alpha = max_cross_similarity(cos, labels)
+                for k in (0, 1):
+                    chosen = [r for r, lab in zip(rs, labels) if lab == k]
+                    clusters.append(sorted(parts[k]))
+                    models.append(weighted_average([r.arrays[wire.WEIGHTS] for r in chosen], self.weights_of(chosen)))
+                self.splits.append({"round": server_round, "parts": [sorted(parts[0]), sorted(parts[1])],
+                                    "mean-norm": mean_norm, "max-norm": max_norm, "alpha-cross": alpha,
+                                    "gamma-max": gamma_max(alpha)})
+                split_now += 1
+            else:
+                clusters.append(members)
+                models.append(merged)
+        self.clusters, self.cluster_models = clusters, models
+        self._reindex()
+        self.record_matrix("cluster-of", np.array([self._index[pid] for pid in self.clients]))
+        return {"clusters": len(self.clusters), "splits": split_now,
+                "mean-norm": max(mean_norms), "max-norm": max(max_norms)}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._reindex()
