@@ -1,0 +1,104 @@
+"""FedNova (Wang, Liu, Liang, Joshi, Poor, NeurIPS 2020): normalised averaging.
+
+Clients that take different numbers of local steps pull plain FedAvg towards the optimum of the
+clients that took more. FedNova divides each client's update by its effective step count ||a_i||_1
+(momentum included, fedcore/fednova.py) and re-scales the mean by tau_eff = sum_i p_i ||a_i||_1:
+    x <- x - tau_eff * sum_i p_i (x - y_i) / ||a_i||_1,   p_i = n_i / sum_j n_j over the replies
+(Eq. 6 with the paper's experiments' weights). Equal step counts give FedAvg exactly. With
+``max-epochs`` each sampled client runs a number of local epochs drawn uniformly from local-epochs..max-epochs
+every round, the paper's heterogeneous setting (2..5 epochs on CIFAR-10).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedcore import wire
+from fedcore.config import ConfigError, Key
+from fedcore.contracts.fednova import A_NORM, EPOCHS, NORMALIZER
+from fedcore.fednova import effective_steps
+from fedstrategies.base import ArraySpec
+from fedstrategies.fedavg import FedAvgStrategy
+
+HPARAMS = {
+    "max-epochs": Key(0, "0 = every client runs local-epochs; else each sampled client draws its local epochs "
+                      "uniformly from local-epochs..max-epochs every round (the paper: 2..5)", low=0),
+}
+EPOCH_STREAM = 29  # the epoch draws' own random stream
+
+
+def normalized_average(current: dict[str, np.ndarray], states: Sequence[dict[str, np.ndarray]],
+                       sizes: Sequence[float], a_norms: Sequence[float]) -> dict[str, np.ndarray]:
+    """x - tau_eff sum_i p_i (x - y_i) / a_i for float tensors; integer tensors (counters) take the maximum."""
+    p = np.array(sizes) / np.sum(sizes)
+    a = np.array(a_norms)
+    tau_eff = float(np.sum(p * a))
+    out = {}
+    for key, x in current.items():
+        if x.dtype.kind != "f":
+            out[key] = np.max([s[key] for s in states], axis=0).astype(x.dtype)
+            continue
+        step = np.zeros(x.shape)  # float64
+        for pi, ai, s in zip(p, a, states):
+            step += pi / ai * (x - s[key])
+        out[key] = (x - tau_eff * step).astype(x.dtype)
+    return out
+
+
+class FedNovaStrategy(FedAvgStrategy):
+    """FedAvg's messages plus each client's epochs down and its ||a_i||_1 up; the normalised average."""
+
+    def __init__(self, cfg, clients, model):
+        super().__init__(cfg, clients, model)
+        most = self.hp["max-epochs"]
+        if most and cfg["local-steps"]:
+            raise ConfigError(f"'fednova.max-epochs' = {most} draws local epochs, but 'local-steps' = "
+                              f"{cfg['local-steps']} fixes a step budget; set local-steps = 0 or max-epochs = 0")
+        if most and most < cfg["local-epochs"]:
+            raise ConfigError(f"'fednova.max-epochs' = {most} is below 'local-epochs' = {cfg['local-epochs']}; "
+                              "it must be 0 or at least local-epochs")
+
+    def epochs_of(self, pid: int, server_round: int) -> int:
+        low, high = self.cfg["local-epochs"], self.hp["max-epochs"]
+        if not high:
+            return low
+        return int(np.random.default_rng([self.cfg["seed"], server_round, pid, EPOCH_STREAM]).integers(low, high + 1))
+
+    def train_config(self, pid, server_round):
+        return {EPOCHS: self.epochs_of(pid, server_round)}
+
+    def reply_schema(self, pid):
+        return {**super().reply_schema(pid), NORMALIZER: {A_NORM: ArraySpec((1,), "f")}}
+
+    def most_steps(self, pid: int) -> float:
+        """The largest ||a_i||_1 client ``pid`` can reach: its full step budget at the run's momentum."""
+        tau = self.cfg["local-steps"]
+        if not tau:
+            epochs = max(self.cfg["local-epochs"], self.hp["max-epochs"])
+            tau = epochs * math.ceil(self.clients[pid].num_train / self.cfg["batch-size"])
+        return effective_steps(tau, self.cfg["momentum"])
+
+    def check_reply(self, reply):
+        a = float(reply.arrays[NORMALIZER][A_NORM][0])
+        most = self.most_steps(reply.pid)
+        if not 1.0 <= a <= most * (1 + 1e-9):
+            return f"{NORMALIZER}/{A_NORM} = {a:.6g} is outside 1..{most:.6g} (one step .. the client's full budget)"
+        return None
+
+    def aggregate(self, server_round, replies):
+        self.global_weights = normalized_average(self.global_weights, [r.arrays[wire.WEIGHTS] for r in replies],
+                                                 [r.num_examples for r in replies],
+                                                 [float(r.arrays[NORMALIZER][A_NORM][0]) for r in replies])
+        self._packed = None
+
+    def example_reply(self, pid, phase, rng):
+        """A valid train reply for benchmarks.server_time (random noise is no valid ||a_i||_1)."""
+        if phase != "train":
+            return {}
+        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
+                   for k, v in self.global_weights.items()}
+        a = 1.0 + (self.most_steps(pid) - 1.0) * rng.random()
+        return {wire.WEIGHTS: wire.pack_arrays(weights), NORMALIZER: wire.pack_arrays({A_NORM: np.array([a])})}
