@@ -16,12 +16,15 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from fedcore.config import Key, schema
 
+_IMPORTED_AT = time.time()
 CACHE_ENV = "PFL_SCHEMA_CACHE"  # a directory, or "0" to build the schema every time
 SOURCE_PACKAGES = ("fedcore", "fedstrategies", "partitions")  # where keys, models, datasets and HPARAMS live
 _TUPLES = ("choices",)  # JSON keeps tuples as lists
@@ -68,6 +71,34 @@ def cache_dir() -> Path | None:
     return Path(DEFAULT_DATA_DIR).expanduser() / "schema"
 
 
+def _process_start() -> float:
+    """When this process started (its /proc entry's time on Linux), else when this module was imported."""
+    try:
+        return min(os.stat(f"/proc/{os.getpid()}").st_ctime, _IMPORTED_AT)
+    except OSError:
+        return _IMPORTED_AT
+
+
+def _loaded_sources_changed() -> bool:
+    """Whether a source module this process already imported was edited since the process started: its keys in
+    memory may then be older than the files the digest hashes, and storing them under that digest would serve an
+    old schema to every later launch."""
+    here = Path(__file__).resolve().parent.parent
+    started = _process_start()
+    for module in list(sys.modules.values()):
+        origin = getattr(module, "__file__", None)
+        if not origin:
+            continue
+        path = Path(origin)
+        if path.is_relative_to(here) and path.parts[len(here.parts)] in SOURCE_PACKAGES:
+            try:
+                if path.stat().st_mtime > started:
+                    return True
+            except OSError:
+                return True
+    return False
+
+
 def _decode(entry: dict) -> Key:
     return Key(**{k: tuple(v) if k in _TUPLES and v is not None else v for k, v in entry.items()})
 
@@ -88,7 +119,8 @@ def cached_schema() -> dict[str, Key]:
     except (OSError, ValueError, TypeError):
         pass  # not there yet (or unreadable): build it
     keys = schema()
-    _store(path, {name: asdict(key) for name, key in keys.items()})
+    if not _loaded_sources_changed():
+        _store(path, {name: asdict(key) for name, key in keys.items()})
     return keys
 
 

@@ -18,6 +18,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # steps a round at batch 16, 90% of a 3-client round here): tests that do not ask for more use a
 # small PKCF that runs every stage of it
 SMALL_MUPFL = {"mupfl.features-per-class": 8, "mupfl.head-epochs": 2, "mupfl.match-steps": 5}
+# CReFF's server re-trains a classifier for 300 epochs on 100 features per class each round: the same, small
+SMALL_CREFF = {"creff.features-per-class": 8, "creff.match-steps": 5, "creff.retrain-epochs": 2}
 
 
 def small_config(tmp_path, **overrides) -> dict:
@@ -29,8 +31,7 @@ def small_config(tmp_path, **overrides) -> dict:
         # the tests' own budget, not each method's paper setting (tests/test_paper_settings.py checks those)
         "local-steps": 0, "momentum": 0.0, "weight-decay": 0.0, "fraction-train": 1.0,
     }
-    if overrides.get("method") == "mupfl":
-        config.update(SMALL_MUPFL)
+    config.update({"mupfl": SMALL_MUPFL, "creff": SMALL_CREFF}.get(overrides.get("method"), {}))
     config.update(overrides)
     return config
 

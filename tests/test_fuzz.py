@@ -25,7 +25,7 @@ from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import REGISTRY
-from tests.conftest import SMALL_MUPFL
+from tests.conftest import SMALL_CREFF, SMALL_MUPFL
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 LONG_EXAMPLES = 1000
@@ -59,7 +59,7 @@ class Round:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         # MuPFL's server matches 100 features per class for 100 steps at its defaults (2 s a round);
         # validation and aggregation are the same at a small PKCF
-        small = SMALL_MUPFL if method == "mupfl" else {}
+        small = {"mupfl": SMALL_MUPFL, "creff": SMALL_CREFF}.get(method, {})
         # every client trains (MuPFL's and FedMCSA's paper settings sample a fifth of them)
         cfg = Config.from_run_config({"method": method, "dataset": "digits", "fraction-train": 1.0, **small})
         strategy = REGISTRY[method].strategy(cfg, fake_clients(CLIENTS), model_facts(cfg["model"], (1, 8, 8), 10, 0))

@@ -84,3 +84,26 @@ def test_the_launchers_check_imports_neither_torch_nor_flowers_server(cache):
                            check=True).stdout.split() for _ in range(2)]
     assert runs[0][0] == runs[1][0] == "cvxpy"
     assert runs[1][1:] == ["False", "False"]  # the second check reads the cache the first one wrote
+
+
+def test_a_schema_built_from_modules_edited_since_they_were_imported_is_not_stored(tmp_path, monkeypatch):
+    """A long-lived process (a launcher, a comparison) that imported a strategy before its source was edited
+    would otherwise store its old keys under the new sources' hash and serve them to every later launch."""
+    import os
+    import time
+
+    import fedstrategies.fedavg as module
+    from fedcore import schema_cache
+
+    monkeypatch.setenv(schema_cache.CACHE_ENV, str(tmp_path))
+    source = module.__file__
+    before = os.stat(source)
+    try:
+        later = time.time() + 60  # as if the file were edited after this process imported it
+        os.utime(source, (later, later))
+        schema_cache.cached_schema()
+        assert list(tmp_path.glob("schema-*.json")) == []
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    schema_cache.cached_schema()  # unchanged sources: stored as before
+    assert len(list(tmp_path.glob("schema-*.json"))) == 1

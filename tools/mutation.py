@@ -36,16 +36,30 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     "pfedpm": Target(("fedstrategies/pfedpm.py", "fedstrategies/prototypes.py", "clients/pfedpm.py"),
-                     ("tests/test_pfedpm.py",)),
-    "fedmcsa": Target(("fedstrategies/fedmcsa.py", "fedstrategies/fedmcsa_math.py", "clients/fedmcsa.py"),
-                      ("tests/test_fedmcsa.py",)),
+                     ("tests/test_pfedpm_rules.py",)),
+    "fedmcsa": Target(("fedstrategies/fedmcsa.py", "fedstrategies/fedmcsa_math.py", "clients/fedmcsa.py",
+                       "fedcore/fedmcsa_variants.py"),
+                      ("tests/test_fedmcsa.py", "tests/test_fedmcsa_units.py")),
     "fedfcd": Target(("fedstrategies/fedfcd.py", "fedstrategies/fedfcd_math.py", "clients/fedfcd.py"),
-                     ("tests/test_fedfcd.py",)),
+                     ("tests/test_fedfcd_units.py", "tests/test_fedfcd.py")),
     "mupfl": Target(("fedstrategies/mupfl.py", "fedstrategies/mupfl_math.py", "clients/mupfl.py", "clients/bavd.py",
-                     "fedcore/class_gradients.py"),
-                    ("tests/test_mupfl.py", "tests/test_mupfl_federation.py")),
+                     "fedcore/class_gradients.py", "fedstrategies/federated_features.py"),
+                    ("tests/test_mupfl.py", "tests/test_mupfl_client.py", "tests/test_creff.py")),
     "fedsac": Target(("fedstrategies/fedsac.py", "fedstrategies/fedsac_math.py", "clients/fedsac.py"),
-                     ("tests/test_fedsac.py",)),
+                     ("tests/test_fedsac.py", "tests/test_fedsac_units.py")),
+    "fedgh": Target(("fedstrategies/fedgh.py", "clients/fedgh.py"), ("tests/test_rivals_heads.py",)),
+    "fedrod": Target(("fedstrategies/fedrod.py", "clients/fedrod.py"), ("tests/test_rivals_heads.py",)),
+    "gpfl": Target(("fedstrategies/gpfl.py", "clients/gpfl.py", "fedcore/gpfl.py"), ("tests/test_rivals_heads.py",)),
+    "fedamp": Target(("fedstrategies/fedamp.py", "fedstrategies/heurfedamp.py", "fedstrategies/fedamp_math.py",
+                      "fedstrategies/pairwise.py", "clients/fedamp.py"), ("tests/test_rivals_cluster.py",)),
+    "cfl": Target(("fedstrategies/cfl.py", "fedstrategies/cfl_math.py", "clients/cfl.py"), ("tests/test_rivals_cluster.py",)),
+    "fesem": Target(("fedstrategies/fesem.py", "fedstrategies/fesem_math.py", "clients/fesem.py"),
+                    ("tests/test_rivals_cluster.py",)),
+    "per-fedavg": Target(("fedstrategies/per_fedavg.py", "clients/per_fedavg.py"), ("tests/test_rivals_optim.py",)),
+    "pfedme": Target(("fedstrategies/pfedme.py", "clients/pfedme.py"), ("tests/test_rivals_optim.py",)),
+    "l2gd": Target(("fedstrategies/l2gd.py", "clients/l2gd.py"), ("tests/test_rivals_optim.py",)),
+    "fednova": Target(("fedstrategies/fednova.py", "clients/fednova.py", "fedcore/fednova.py"),
+                      ("tests/test_rivals_optim.py",)),
 }
 
 # Verdicts of mutmut 3 (`mutmut results --all true`) that count as a test catching the mutant.
@@ -78,6 +92,8 @@ def _mutmut_config(target: Target, workers: int) -> str:
         # one process per mutant, no xdist inside it; the suite's timeout still ends a hung mutant
         'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-x", "-q"]',
         'process_isolation = "forkserver"',
+        # several methods' runs share 2 cores: a test slowed by the load must not read as a timeout (a false kill)
+        "timeout_multiplier = 60.0",
         "",
     ])
 
