@@ -150,7 +150,7 @@ def summarise(verdicts: dict[str, str], notes: dict[str, tuple[str, str]]) -> di
     excused = {n: notes[n] for n in survived if n in notes}
     open_ = [n for n in survived if n not in excused]
     other = sorted(n for n, v in verdicts.items() if v not in CAUGHT | SURVIVED)
-    scored = len(killed) + len(open_)
+    scored = len(killed) + len(open_) + len(other)  # a mutant no test has judged yet counts as not killed
     return {"killed": killed, "survived": open_, "excused": excused, "other": other,
             "ratio": len(killed) / scored if scored else 1.0,
             "stale_notes": sorted(n for n in notes if n not in verdicts)}
@@ -169,7 +169,7 @@ def write_report(method: str, verdicts: dict[str, str]) -> float:
         f"`{commit}`. Mutated: {', '.join(f'`{m}`' for m in target.modules)}. Tests run against each mutant: "
         f"{', '.join(f'`{t}`' for t in target.tests)}.",
         "",
-        "| mutants | killed | survived | equivalent | out of scope | not run | kill ratio (killed / (killed + survived)) |",
+        "| mutants | killed | survived | equivalent | out of scope | not run | kill ratio (killed / (killed + survived + not run)) |",
         "|---|---|---|---|---|---|---|",
         f"| {len(verdicts)} | {len(s['killed'])} | {len(s['survived'])} | {equivalent} | "
         f"{len(s['excused']) - equivalent} | {len(s['other'])} | {s['ratio']:.3f} |",
