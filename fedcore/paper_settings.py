@@ -29,6 +29,14 @@ FALLBACK: dict[str, Any] = {
 }
 AUTO_KEYS: tuple[str, ...] = ("model", *FALLBACK)
 
+GREY_28 = ("mnist5k", "mnist", "fmnist")  # the 28x28 grey-image sets, which share a paper's model
+
+
+def _model(name: str, *datasets: str) -> dict[str, dict[str, Any]]:
+    """The same model for several datasets, as dataset entries of one method."""
+    return {dataset: {"model": name} for dataset in datasets}
+
+
 # PAPER_SETTINGS[method][dataset or "*"] = {key: value}; a dataset's entry is laid over the method's "*" entry.
 # A model is named only for datasets whose input the paper's model fits (the embedded 8x8 ``digits`` keeps the
 # shape-based default).
@@ -48,11 +56,7 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # and every client trains each round (Alg. 1); weight decay comes from fedmcsa.variant (fedstrategies/fedmcsa.py)
     "fedmcsa": {
         "*": {"lr": 0.02, "momentum": 0.0, "batch-size": 20, "local-steps": 20, "fraction-train": 1.0},
-        "synthetic": {"model": "mlr"},
-        "mnist5k": {"model": "mlr"},
-        "mnist": {"model": "mlr"},
-        "fmnist": {"model": "mlr"},
-        "cifar10": {"model": "mlr"},
+        **_model("mlr", "synthetic", "mnist5k", "mnist", "fmnist", "cifar10"),
     },
     # FedFCD (Li, Wang, Wang 2024), spec sections 2 and 8: client lrs eta_f = eta_phi_i = 0.01, plain SGD; batch 10
     # and E = 1 are the spec's PROPOSED values; rho = 1; the paper's MLP (784-100-ReLU) for Fashion-MNIST (and the
@@ -60,9 +64,7 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "fedfcd": {
         "*": {"lr": 0.01, "momentum": 0.0, "weight-decay": 0.0, "batch-size": 10, "local-epochs": 1,
               "fraction-train": 1.0},
-        "mnist5k": {"model": "dnn"},
-        "mnist": {"model": "dnn"},
-        "fmnist": {"model": "dnn"},
+        **_model("dnn", *GREY_28),
         "cifar10": {"model": "fedavgcnn"},
         "cifar100": {"model": "resnet18"},
     },
@@ -71,11 +73,7 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "mupfl": {
         "*": {"lr": 0.01, "momentum": 0.0, "weight-decay": 0.0, "batch-size": 64, "local-epochs": 10,
               "fraction-train": 0.2},
-        "mnist5k": {"model": "mupflcnn"},
-        "mnist": {"model": "mupflcnn"},
-        "fmnist": {"model": "mupflcnn"},
-        "cifar10": {"model": "mupflcnn"},
-        "cifar100": {"model": "mupflcnn"},
+        **_model("mupflcnn", *GREY_28, "cifar10", "cifar100"),
         "digits": {"model": "mupflcnn"},  # padding 2 keeps 8x8 inputs whole: BAVD has its sites here too
     },
     # CReFF (Shang et al. 2022), authors' code: SGD lr 0.1 (lr_local_training), batch 32, 10 local epochs, 8 of
@@ -83,21 +81,15 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "creff": {
         "*": {"lr": 0.1, "momentum": 0.0, "weight-decay": 0.0, "batch-size": 32, "local-epochs": 10,
               "fraction-train": 0.4},
-        "mnist5k": {"model": "mupflcnn"},
-        "mnist": {"model": "mupflcnn"},
-        "fmnist": {"model": "mupflcnn"},
-        "cifar10": {"model": "resnet8"},
-        "cifar100": {"model": "resnet8"},
+        **_model("mupflcnn", *GREY_28),
+        **_model("resnet8", "cifar10", "cifar100"),
     },
     # FedSaC (Yan et al., ICML 2024): SGD lr 0.01, momentum 0.9 and weight decay 1e-5 (authors' code), batch 64,
     # 200 local iterations on CIFAR (400 on CIFAR-100), all clients every round, the simple CNN (d = 84)
     "fedsac": {
         "*": {"lr": 0.01, "momentum": 0.9, "weight-decay": 1e-5, "batch-size": 64, "local-steps": 200,
               "fraction-train": 1.0},
-        "mnist5k": {"model": "simplecnn"},
-        "mnist": {"model": "simplecnn"},
-        "fmnist": {"model": "simplecnn"},
-        "cifar10": {"model": "simplecnn"},
+        **_model("simplecnn", *GREY_28, "cifar10"),
         "cifar100": {"model": "simplecnn", "local-steps": 400},
     },
     # pFedGraph (Ye et al., ICML 2023), authors' code (MediaBrain-SJTU/pFedGraph): SGD lr 0.01, momentum 0.9, weight
@@ -105,9 +97,7 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "pfedgraph": {
         "*": {"lr": 0.01, "momentum": 0.9, "weight-decay": 1e-5, "batch-size": 64, "local-steps": 200,
               "fraction-train": 1.0},
-        "mnist5k": {"model": "simplecnn"},
-        "mnist": {"model": "simplecnn"},
-        "fmnist": {"model": "simplecnn"},
+        **_model("simplecnn", *GREY_28),
         "cifar10": {"model": "simplecnn"},
         "cifar100": {"model": "simplecnn"},
     },

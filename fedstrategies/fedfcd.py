@@ -22,13 +22,12 @@ the client's classes, which are all its training uses). Evaluation needs only th
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from fedcore import wire
 from fedcore.config import Key
 from fedcore.contracts.fedfcd import GLOBAL_HEAD
 from fedstrategies.base import PersonalizedStrategy
-from fedstrategies.fedfcd_math import GlobalHead
+from fedstrategies.fedfcd_math import GlobalHead, feature_pairs
 from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features
 
 HPARAMS = {
@@ -120,8 +119,7 @@ class FedFCDStrategy(PersonalizedStrategy):
         ids = [p["class-ids"] for p in parts]
         feats = [p["features"] for p in parts]
         counts = [p["counts"] for p in parts]
-        x = torch.from_numpy(np.concatenate(feats).astype(np.float32, copy=False))
-        y = torch.from_numpy(np.concatenate(ids).astype(np.int64, copy=False))
+        x, y = feature_pairs(parts)
         before = self.head.loss(x, y)
         batch_loss = self.head.train(x, y, batch_size=self.hp["server-batch-size"], epochs=self.hp["server-epochs"],
                                      generator=self.torch_generator)

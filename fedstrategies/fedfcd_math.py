@@ -15,6 +15,14 @@ import torch.nn.functional as F
 from fedcore.models import one_torch_thread
 
 
+def feature_pairs(parts: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server head's training set: every (class-mean feature, class) pair of the replies' class-feature records,
+    one pair per (client, class), unweighted (FedFCD's Eq. 4, FedGH's header step)."""
+    x = torch.from_numpy(np.concatenate([p["features"] for p in parts]).astype(np.float32, copy=False))
+    y = torch.from_numpy(np.concatenate([p["class-ids"] for p in parts]).astype(np.int64, copy=False))
+    return x, y
+
+
 class GlobalHead:
     """phi_g = Linear(d, C) with its own SGD optimiser, kept together so that restoring a checkpoint
     (``load_state_dict``) restores both and keeps the optimiser bound to this head's parameters.

@@ -14,14 +14,11 @@ this rule): one head and one SGD optimiser kept across rounds, shuffled passes o
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from fedcore import wire
 from fedcore.config import Key
 from fedcore.contracts.fedgh import GLOBAL_HEAD
 from fedstrategies.base import PersonalizedStrategy
-from fedstrategies.fedfcd_math import GlobalHead
+from fedstrategies.fedfcd_math import GlobalHead, feature_pairs
 from fedstrategies.prototypes import check_whole_class_features
 
 HPARAMS = {
@@ -64,8 +61,7 @@ class FedGHStrategy(PersonalizedStrategy):
     def aggregate(self, server_round, replies):
         """SGD on the header over this round's (LAR, class) pairs, one pair per (client, class), unweighted."""
         parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
-        x = torch.from_numpy(np.concatenate([p["features"] for p in parts]).astype(np.float32))
-        y = torch.from_numpy(np.concatenate([p["class-ids"] for p in parts]).astype(np.int64))
+        x, y = feature_pairs(parts)
         before = self.head.loss(x, y)
         batch_loss = self.head.train(x, y, batch_size=self.hp["server-batch-size"], epochs=self.hp["server-epochs"],
                                      generator=self.torch_generator)
