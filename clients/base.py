@@ -24,13 +24,15 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from clients import partition_cache
-from clients.training import LossFn, StepCallback, cross_entropy, train_loop
+from clients.training import LossFn, StepCallback, crop_flip, cross_entropy, train_loop
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import SplitModel, pick_device, seeded_model
 from partitions import build_splits, load_dataset
 
 META = "meta"  # context.state ConfigRecord: {"state-round": round in which the state was last written}
+
+AUGMENT_TAG = 10_000  # crop/flip offsets: a stream apart from every shuffle stream (tag + this)
 
 
 @dataclass(frozen=True)
@@ -359,10 +361,14 @@ class ClientMethod:
                 epochs = self.cfg["local-epochs"]
         if optimizer is None:
             optimizer = self.env.optimizer(model.parameters() if params is None else params, lr=lr)
+        augment = None
+        if x is None and self.cfg["augmentation"] == "crop-flip":  # raw images, not features cached from a body
+            crops = self.env.generator(tag + AUGMENT_TAG)
+            augment = lambda batch: crop_flip(batch, crops)  # noqa: E731
         return train_loop(model, self.data.x_train if x is None else x, self.data.y_train if y is None else y,
                           epochs=epochs, steps=steps, batch_size=batch_size or self.cfg["batch-size"],
                           optimizer=optimizer, generator=self.env.generator(tag), loss_fn=loss_fn,
-                          after_step=after_step, full_batches=full_batches)
+                          after_step=after_step, full_batches=full_batches, augment=augment)
 
     # --- helpers shared by the weight-exchanging methods
     def model_from(self, content: RecordDict, record: str) -> SplitModel:

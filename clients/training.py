@@ -45,6 +45,24 @@ def full_batch_stream(n: int, batch_size: int, generator: torch.Generator,
         carry = order[cut:]
 
 
+def crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """A batch of images (B, C, H, W), each randomly cropped back to H x W from its zero-padded copy and
+    flipped left-right with probability 1/2: torchvision's RandomCrop(padding=pad) + RandomHorizontalFlip
+    for a whole batch at once (the offsets come from ``generator``, on the CPU, so runs repeat).
+
+    The images are already normalised, so the padding is the data's 0 (the mean colour of a normalised
+    set) rather than black."""
+    b, _, h, w = x.shape
+    offsets = torch.randint(0, 2 * pad + 1, (2, b), generator=generator).to(x.device)
+    flip = (torch.rand(b, generator=generator) < 0.5).to(x.device)
+    padded = F.pad(x, (pad, pad, pad, pad))
+    rows = (offsets[0, :, None] + torch.arange(h, device=x.device))[:, :, None]  # (B, H, 1)
+    cols = offsets[1, :, None] + torch.arange(w, device=x.device)  # (B, W)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]  # (B, 1, W)
+    batch = torch.arange(b, device=x.device)[:, None, None]
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (B, H, W, C) -> (B, C, H, W)
+
+
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return math.ceil(n / batch_size)
 
@@ -62,6 +80,7 @@ def train_loop(
     loss_fn: LossFn = cross_entropy,
     after_step: StepCallback | None = None,
     full_batches: bool = False,
+    augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> float:
     """Mini-batch SGD for ``epochs`` epochs or for exactly ``steps`` steps; returns the mean loss.
 
@@ -71,6 +90,7 @@ def train_loop(
     after each step with the step index, the batch loss and the batch indices (pFedPM's relation
     step, MuPFL's activation-map update). ``full_batches`` (step budgets only) makes every batch
     exactly ``batch_size`` samples (``full_batch_stream``) instead of a short last batch per epoch.
+    ``augment`` transforms each batch of inputs before the loss (``crop_flip``).
     """
     if (epochs is None) == (steps is None):
         raise ValueError("give exactly one of epochs= and steps=")
@@ -88,7 +108,7 @@ def train_loop(
         idx = next(batches)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model, x[idx], y[idx])
+        loss = loss_fn(model, x[idx] if augment is None else augment(x[idx]), y[idx])
         loss.backward()
         for opt in optimizers:
             opt.step()

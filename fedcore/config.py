@@ -14,6 +14,8 @@ from typing import Any
 
 from fedcore.paper_settings import resolve_auto
 
+AUGMENTATIONS = ("none", "crop-flip")  # clients/training.py: crop_flip
+
 
 class ConfigError(ValueError):
     """A run-config key or value is wrong; the message says which and what is allowed."""
@@ -95,6 +97,9 @@ def _common_keys() -> dict[str, Key]:
         "weight-decay": Key("auto", "local SGD weight decay" + AUTO_HELP, kind="float", low=0.0),
         "fraction-train": Key("auto", "fraction of clients that train each round" + AUTO_HELP, kind="float", low=0.0,
                               high=1.0, low_open=True),
+        "augmentation": Key("auto", "training-time image augmentation: crop-flip = a random crop of the image padded by "
+                            "4 pixels and a horizontal flip with probability 1/2, drawn anew for every batch; none = off"
+                            + AUTO_HELP, choices=("auto", *AUGMENTATIONS)),
         "min-replies": Key(1, "fewest valid replies a round needs to update the server state", low=1),
         "reply-norm-bound": Key(100.0, "drop a reply whose record norm exceeds this many times the round's median "
                                 "norm (or the server state's); 0 = off", low=0.0),

@@ -26,6 +26,7 @@ FALLBACK: dict[str, Any] = {
     "local-steps": 0,
     "batch-size": 10,
     "fraction-train": 1.0,
+    "augmentation": "none",
 }
 AUTO_KEYS: tuple[str, ...] = ("model", *FALLBACK)
 
@@ -49,7 +50,7 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
         "mnist5k": {"model": "protocnn"},
         "mnist": {"model": "protocnn"},
         "femnist": {"model": "protocnn-femnist"},
-        "cifar10": {"model": "resnet18-tv"},
+        "cifar10": {"model": "resnet18-tv", "augmentation": "crop-flip"},  # FedProto's code: crop + flip on CIFAR-10
     },
     # FedMCSA (Guo et al. 2023), Table of hyperparameters: eta 0.02, batch 20, R = 20 local steps, no momentum,
     # MLR on Synthetic. fraction-train stays 1.0: FedMCSA samples its S clients itself (fedmcsa.clients-per-round)
@@ -73,7 +74,9 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "mupfl": {
         "*": {"lr": 0.01, "momentum": 0.0, "weight-decay": 0.0, "batch-size": 64, "local-epochs": 10,
               "fraction-train": 0.2},
-        **_model("mupflcnn", *GREY_28, "cifar10", "cifar100"),
+        **_model("mupflcnn", *GREY_28),
+        # the spec's resolution of the unstated augmentation: crop + flip on CIFAR
+        **{name: {"model": "mupflcnn", "augmentation": "crop-flip"} for name in ("cifar10", "cifar100")},
         "digits": {"model": "mupflcnn"},  # padding 2 keeps 8x8 inputs whole: BAVD has its sites here too
     },
     # CReFF (Shang et al. 2022), authors' code: SGD lr 0.1 (lr_local_training), batch 32, 10 local epochs, 8 of
@@ -89,8 +92,10 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "fedsac": {
         "*": {"lr": 0.01, "momentum": 0.9, "weight-decay": 1e-5, "batch-size": 64, "local-steps": 200,
               "fraction-train": 1.0},
-        **_model("simplecnn", *GREY_28, "cifar10"),
-        "cifar100": {"model": "simplecnn", "local-steps": 400},
+        **_model("simplecnn", *GREY_28),
+        # the authors' code trains on RandomCrop(32, padding 4) + RandomHorizontalFlip batches (spec section 6)
+        "cifar10": {"model": "simplecnn", "augmentation": "crop-flip"},
+        "cifar100": {"model": "simplecnn", "local-steps": 400, "augmentation": "crop-flip"},
     },
     # pFedGraph (Ye et al., ICML 2023), authors' code (MediaBrain-SJTU/pFedGraph): SGD lr 0.01, momentum 0.9, weight
     # decay 1e-5, batch 64, 200 local iterations (run_cifar10.sh), all 10 clients every round, the simple CNN

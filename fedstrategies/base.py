@@ -38,7 +38,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedcore import wire
-from fedcore.config import Config
+from fedcore.config import Config, ConfigError
 from fedcore.models import ModelFacts
 
 @dataclass(frozen=True)
@@ -116,8 +116,18 @@ class PersonalizedStrategy(Strategy):
     #: Attributes that make up the strategy's state between rounds; ``state_dict`` saves them
     #: (checkpoints) and ``load_state_dict`` restores them. Every method lists its own.
     checkpoint_attrs: tuple[str, ...] = ()
+    #: Whether the method's clients train on raw images through ``ClientBase.train``, where the
+    #: ``augmentation`` key applies; a method that draws its own batches says False and refuses the key.
+    augments: bool = True
 
     def __init__(self, cfg: Config, clients: dict[int, ClientInfo], model: ModelFacts):
+        if cfg["augmentation"] != "none":
+            if not self.augments:
+                raise ConfigError(f"'augmentation' = {cfg['augmentation']!r}: method {cfg['method']!r} draws its own "
+                                  "batches and trains without augmentation; set augmentation = 'none'")
+            if len(model.input_shape) != 3:
+                raise ConfigError(f"'augmentation' = {cfg['augmentation']!r} needs image inputs (C, H, W); "
+                                  f"dataset {cfg['dataset']!r} has inputs of shape {tuple(model.input_shape)}")
         self.cfg = cfg
         self.hp = cfg.hparams()
         self.clients = dict(sorted(clients.items()))

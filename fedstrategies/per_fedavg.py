@@ -26,6 +26,8 @@ HPARAMS = {
 class PerFedAvgStrategy(FedAvgStrategy):
     """FedAvg's messages (the global model each way); the average gives every replying client equal weight."""
 
+    augments = False  # its meta-steps draw their own batches (clients/per_fedavg.py)
+
     def aggregate(self, server_round, replies):
         self.global_weights = weighted_average((r.arrays[wire.WEIGHTS] for r in replies), [1.0] * len(replies))
         self._packed = None

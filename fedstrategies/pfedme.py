@@ -42,6 +42,8 @@ class PFedMeStrategy(FedAvgStrategy):
     """The global model goes down to every client for training and for evaluation (pFedMe(GM), and
     clients that have not trained yet); the local models of the round's set S come up."""
 
+    augments = False  # its personal and local steps draw their own batches (clients/pfedme.py)
+
     def __init__(self, cfg, clients, model):
         super().__init__(cfg, clients, model)
         self.senders: set[int] = set()  # S of the current round, drawn from (seed, round) in begin_round
