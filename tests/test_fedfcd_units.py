@@ -396,6 +396,93 @@ def test_round_0_uploads_the_lfrs_of_the_untrained_model(tmp_path):
     assert counts.tolist() == [int((y == j).sum()) for j in ids]
 
 
+# ====================================================================== each stage's own lr and shuffle, in every variant
+def _deltas(tmp_path, variant: dict, **stage_lrs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(theta_i change, phi_i change) of one local_update of one step per stage, momentum 0, common lr 0.05."""
+    client = _client(tmp_path, **{"local-steps": 1, "lr": 0.05, **variant,
+                                  **{f"fedfcd.{k}": v for k, v in stage_lrs.items()}})
+    model = client.new_model()
+    known = _known(client, model)
+    start = [p.detach().clone() for p in model.parameters()]
+    client.local_update(model, known)
+    change = [(p.detach() - s).flatten() for p, s in zip(model.parameters(), start)]
+    n_body = len(list(model.body.parameters()))
+    return torch.cat(change[:n_body]), torch.cat(change[n_body:])
+
+
+@pytest.mark.parametrize("variant", [{}, {"fedfcd.alternation": "batch"}, {"fedfcd.hierarchical": False}],
+                         ids=["epoch", "batch", "joint"])
+def test_a_stage_lr_scales_that_stages_first_step_by_its_ratio_to_the_common_lr_in_every_variant(tmp_path, variant):
+    """Both runs start from the same model and batch, so the first gradient of a stage is the same: at 3x the common
+    lr its step is exactly 3x as long; the other stage's step (before it, or on the same loss) is unchanged."""
+    theta, phi = _deltas(tmp_path, variant)
+    assert theta.norm() > 1e-4 and phi.norm() > 1e-4  # both stages really moved
+    theta_f, phi_f = _deltas(tmp_path, variant, **{"lr-feature": 0.15})
+    assert (theta_f - 3 * theta).norm() <= 1e-3 * theta.norm()
+    theta_h, phi_h = _deltas(tmp_path, variant, **{"lr-personal-head": 0.15})
+    assert (phi_h - 3 * phi).norm() <= 1e-3 * phi.norm()
+    assert (theta_h - theta).norm() <= 1e-6 * theta.norm()  # the head's lr leaves the extractor's step alone
+    if variant.get("fedfcd.hierarchical") is False:  # joint step on one loss: the head's step keeps the common lr
+        assert (phi_f - phi).norm() <= 1e-6 * phi.norm()
+
+
+def test_stage_a_of_each_alternation_draws_its_batches_from_its_own_shuffle_stream(tmp_path):
+    """local-epochs 2: stage A of alternation e sees the training samples in the order of generator(2e) (stage B has
+    2e + 1), so the second alternation's extractor pass is not a replay of the first one's order."""
+    from clients.training import minibatches
+
+    client = _client(tmp_path, **{"local-epochs": 2})
+    model = client.new_model()
+    known = _known(client, model)
+    seen: list = []
+    objective = client.objective
+
+    def recording(known, parts=None):
+        loss_fn = objective(known, parts)
+
+        def fn(model, xb, yb):
+            seen.append(xb.detach().clone())
+            return loss_fn(model, xb, yb)
+
+        return fn
+
+    client.objective = recording
+    client.local_update(model, known)
+    n, bs, x = client.data.num_train, client.cfg["batch-size"], client.data.x_train
+    expected = [x[idx] for tag in (0, 2) for idx in minibatches(n, bs, client.env.generator(tag), "cpu")]
+    replay = [x[idx] for _ in (0, 2) for idx in minibatches(n, bs, client.env.generator(0), "cpu")]
+    assert len(seen) == len(expected) == 2 * -(-n // bs)
+    assert all(torch.equal(a, b) for a, b in zip(seen, expected))
+    assert not all(torch.equal(a, b) for a, b in zip(expected, replay))  # the two orders differ
+
+
+def test_without_decision_fusion_stage_b_minimises_ce_of_the_personal_logits_alone(tmp_path):
+    """w/o FD: the head's loss is CE(p, y), not CE(g + p, y); on a sample the two differ by the global logits."""
+    client = _client(tmp_path, **{"fedfcd.decision-fusion": False})
+    model = client.new_model()
+    known = _known(client, model)
+    y = client.data.y_train[:16]
+    with torch.no_grad():
+        z = model.features(client.data.x_train[:16])
+        loss = float(client.head_objective(known)(model.head, z, y))
+        fused = float(F.cross_entropy(known.logits(z) + model.head(z), y))
+        assert loss == pytest.approx(float(F.cross_entropy(model.head(z), y)), rel=1e-6)
+        assert abs(loss - fused) > 1e-3  # the case tells the two apart
+        assert float(_client(tmp_path).head_objective(known)(model.head, z, y)) == pytest.approx(fused, rel=1e-6)
+
+
+def test_global_knowledge_puts_the_head_gfrs_and_mask_on_the_clients_device(tmp_path):
+    """The meta device stands in for a GPU: every tensor the client reads from a message lives on env.device."""
+    client = _client(tmp_path)
+    d = client.new_model().feature_dim
+    client.env.device = torch.device("meta")
+    weight, bias = np.ones((C, d), np.float32), np.zeros(C, np.float32)
+    known = client.global_knowledge(_payload(weight, bias, [2, 7], np.ones((2, d), np.float32)))
+    assert [t.device.type for t in (known.weight, known.bias, known.gfr, known.has_gfr)] == ["meta"] * 4
+    evaluation = client.global_knowledge(RecordDict({GLOBAL_HEAD: wire.pack_arrays({"weight": weight, "bias": bias})}))
+    assert [t.device.type for t in (evaluation.gfr, evaluation.has_gfr)] == ["meta"] * 2
+
+
 # ====================================================================== the paper's setting (fedcore/paper_settings.py)
 @pytest.mark.parametrize("dataset, model", [("fmnist", "dnn"), ("mnist5k", "dnn"), ("cifar10", "fedavgcnn"),
                                             ("cifar100", "resnet18")])
