@@ -174,6 +174,30 @@ def test_mcsa_output_never_aliases_the_input():
     assert int(models[0]["n"]) == 0 and not (models[0]["l.bias"] == 99.0).any()
 
 
+@pytest.mark.parametrize("mode", ["layer", "tensor"])
+def test_every_components_attention_is_s_by_s_row_stochastic_with_the_self_weight_largest(mode):
+    """Spec 12, invariant 1, on what mcsa returns for the Synthetic DNN (S = 6): each component's Psi is
+    S x S, >= 0, rows sum to 1, Psi[i, i] >= Psi[i, k]; a zero-norm component (a zero bias, tensor mode)
+    is the exception and gets the uniform row 1/S; and Psi is not symmetric."""
+    rng = np.random.default_rng(11)
+    shapes = {"body.1.weight": (20, 60), "body.1.bias": (20,), "head.weight": (10, 20), "head.bias": (10,)}
+    models = [{k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()} for _ in range(6)]
+    models[4]["head.bias"] = np.zeros(10, np.float32)
+    for sigma in (1.0, 50.0):
+        _, matrices = mcsa(models, sigma, mode=mode)
+        assert list(matrices) == (["body.1", "head"] if mode == "layer" else list(shapes))
+        for name, psi in matrices.items():
+            assert psi.shape == (6, 6) and (psi >= 0).all()
+            np.testing.assert_allclose(psi.sum(axis=1), 1.0, atol=1e-6)
+            if sigma == 1.0:  # (at sigma = 50 the random directions give Psi ~ I, symmetric to rounding)
+                assert np.abs(psi - psi.T).max() > 1e-4
+            for i in range(6):
+                if mode == "tensor" and name == "head.bias" and i == 4:
+                    np.testing.assert_allclose(psi[i], 1 / 6, rtol=1e-12)  # zero norm: cos = 0 with everyone
+                else:
+                    assert all(psi[i, i] >= psi[i, k] for k in range(6)) and psi[i, i] > 1 / 6
+
+
 # ------------------------------------------------------------------ the variants
 def _cfg(**run) -> Config:
     return Config.from_run_config({"method": "fedmcsa", "dataset": "synthetic", **run})
@@ -508,3 +532,48 @@ def test_configure_train_messages_carry_the_personalised_model(tmp_path):
             assert all(np.array_equal(got[k], sent[k]) for k in sent)
         else:
             assert wire.WEIGHTS not in m.content.array_records
+
+
+def test_lambda_zero_makes_the_client_step_plain_sgd(tmp_path):
+    """Spec 12, invariant 9: with lambda = 0 (and no weight decay) a step from Theta != W_local is
+    Theta - eta grad f(Theta), written out here by hand; with lambda = 5 the same step differs (the pull
+    is real when Theta != W_local)."""
+    from clients.fedmcsa import MODEL, FedMCSAClient
+
+    got = {}
+    for lam in (0.0, 5.0):
+        state = RecordDict()
+        run = {"fedmcsa.variant": "paper", "fedmcsa.lambda": lam, "weight-decay": 0.0}
+        env = _env(tmp_path, state, 1, True, False, **run)
+        content, w = _message(env, 0.3)
+        FedMCSAClient(env).fit(content)  # round 1: Theta = W_local = W, then one step
+        theta1 = FedMCSAClient(env).load_model(MODEL)
+        assert any(not torch.equal(a, b) for a, b in zip(theta1.parameters(), w.parameters()))
+        records, _ = FedMCSAClient(_env(tmp_path, state, 2, False, True, **run)).fit(RecordDict())
+        got[lam] = wire.unpack_arrays(records[wire.WEIGHTS])
+        if lam == 0.0:
+            data = FedMCSAClient(env).data
+            theta1.zero_grad()
+            F.cross_entropy(theta1(data.x_train), data.y_train).backward()
+            for name, p in theta1.named_parameters():
+                np.testing.assert_allclose(got[lam][name], (p - 0.1 * p.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(got[0.0][k], got[5.0][k], atol=1e-4) for k in got[0.0])
+
+
+def test_server_memory_holds_at_most_n_models_and_each_round_changes_exactly_s_entries():
+    """Spec 12, invariant 10, through Flower messages with every client training (Alg. 1): the server keeps
+    one model per client id (at most N = 10), and each round exactly the |S| = 4 models uploaded for the
+    next round's attention change; after the last round nothing is uploaded."""
+    from tests.test_fedmcsa import _round
+    from tests.test_fedmcsa import _strategy as flower_strategy
+
+    strategy = flower_strategy(10, **{"clients-per-round": 4, "variant": "paper"})
+    for rnd in range(1, 6):
+        before = {pid: {k: v.copy() for k, v in m.items()} for pid, m in strategy.models.items()}
+        msgs, _ = _round(strategy, rnd)
+        assert len(msgs) == 10  # every client trains
+        changed = {pid for pid, m in strategy.models.items()
+                   if pid not in before or any(not np.array_equal(m[k], before[pid][k]) for k in m)}
+        assert changed == (set(strategy.exchange_set(rnd + 1)) if rnd < 5 else set())
+        assert len(changed) == (4 if rnd < 5 else 0)
+        assert set(strategy.models) <= set(range(10)) and strategy.dropped == []

@@ -826,3 +826,52 @@ def test_client_evaluate_before_training_scores_the_seeded_initial_model():
     result = FedSaCClient(env).evaluate(RecordDict({wire.WEIGHTS: wire.pack_arrays(initial.state_dict())}))
     assert result.metrics[LOCAL_ACC] == result.metrics[AGGREGATED_ACC]
     assert result.num_examples == len(env.data.y_test)
+
+
+# ================================================================= spec 14: the paper's partitions at CIFAR's size
+def _cifar_like(num_classes: int, per_class: int, seed: int = 0):
+    """A pool with CIFAR's train-set labels (``per_class`` of each class, shuffled); the features do
+    not matter to a partitioner."""
+    from partitions import Dataset
+
+    y = np.random.default_rng(seed).permutation(np.repeat(np.arange(num_classes), per_class)).astype(np.int64)
+    return Dataset(f"cifar{num_classes}-labels", np.zeros((len(y), 1), np.float32), y, num_classes)
+
+
+def _pools(data, partition, params):
+    from partitions import build_splits
+
+    splits = build_splits(data, partition, 10, 0, {"val-fraction": 0.1, **params})  # the presets' split
+    pools = [np.concatenate([s.train, s.val, s.test]) for s in splits]
+    everything = np.concatenate(pools)
+    assert len(everything) == len(np.unique(everything)) == len(data.y)  # disjoint, and together the pool
+    return pools
+
+
+@pytest.mark.parametrize("num_classes,per_client", [(10, 2), (100, 20)])
+def test_pathological_cifar_partition_gives_each_client_its_classes_and_5000_samples(num_classes, per_client):
+    """Spec 12.14 (the presets' pathological split, N = 10): CIFAR-10 -> 2 classes and 5,000 samples per
+    client (CIFAR-100: 20 classes, 5,000); 5 groups of classes, each held by 2 clients with 2,500
+    (250) of each of its classes."""
+    data = _cifar_like(num_classes, 50_000 // num_classes)
+    pools = _pools(data, "pathological", {"classes-per-client": per_client, "balance": True})
+    assert [len(p) for p in pools] == [5_000] * 10
+    classes = [frozenset(np.unique(data.y[p]).tolist()) for p in pools]
+    assert all(len(c) == per_client for c in classes)
+    assert len(set(classes)) == 5 and all(classes.count(c) == 2 for c in classes)
+    half = 50_000 // num_classes // 2
+    for p, c in zip(pools, classes):
+        assert sorted(np.bincount(data.y[p], minlength=num_classes)[sorted(c)]) == [half] * per_client
+
+
+def test_dirichlet_and_homo_cifar_partitions_follow_the_spec():
+    """Spec 12.14: Dir(0.5) and Dir(0.1) with min-size 10 leave every client >= 10 samples; Homo sizes
+    differ by <= 1 (an odd pool size, 50,003, so that they cannot all be equal)."""
+    data = _cifar_like(10, 5_000)
+    for alpha in (0.5, 0.1):
+        pools = _pools(data, "dirichlet", {"alpha": alpha, "min-size": 10})
+        sizes = [len(p) for p in pools]
+        assert min(sizes) >= 10 and max(sizes) > 5_000  # not an even split
+    odd = dataclasses.replace(data, x=np.zeros((50_003, 1), np.float32), y=np.concatenate([data.y, [0, 1, 2]]))
+    sizes = sorted(len(p) for p in _pools(odd, "iid", {}))
+    assert sizes[-1] - sizes[0] == 1 and sizes.count(5_001) == 3
