@@ -5,6 +5,7 @@ uploads and which model each evaluation scores. Fast (no federation), so that mu
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -64,6 +65,26 @@ def test_weighted_uniform_and_literal_readings_of_eq7_by_hand():
         np.testing.assert_allclose(means[1], expected[mode], rtol=1e-5)
         np.testing.assert_allclose(means[0], feats[0][0], rtol=1e-6)  # one holder: its own feature
         np.testing.assert_allclose(means[2], feats[1][1], rtol=1e-6)
+
+
+def test_eq7_weights_read_off_with_unit_vectors_sum_to_one_in_any_client_order_and_count_scale():
+    """Spec section 12, invariant 3: client i sends the unit vector e_i as its class-1 feature, so the aggregate
+    *is* the weight vector (w_0, w_1, w_2). By hand it is n_i1 / N_1 = (7, 9, 2) / 18, summing to 1, for each of
+    the 6 client orders and for every common scaling of the counts; uniform gives 1/3 each and the literal Eq. 7
+    1/|holders| of the weighted ones (summing to 1/3)."""
+    n = {0: 7, 1: 9, 2: 2}
+    weighted = np.array([7.0, 9.0, 2.0]) / 18.0
+    expected = {"weighted": weighted, "uniform": np.full(3, 1 / 3), "paper_literal": weighted / 3}
+    for order in itertools.permutations(range(3)):
+        for scale in (1, 2, 5, 1000):
+            ids = [np.array([1]) for _ in order]
+            feats = [np.eye(3)[[i]] for i in order]  # (1, 3): e_i
+            counts = [np.array([scale * n[i]]) for i in order]
+            for mode, weights in expected.items():
+                present, means, total = aggregate_class_features(ids, feats, counts, 3, mode)
+                assert present.tolist() == [1] and total.tolist() == [18 * scale]
+                np.testing.assert_allclose(means[0], weights, rtol=1e-6)
+            assert float(aggregate_class_features(ids, feats, counts, 3)[1][0].sum()) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_classes_nobody_holds_are_absent_and_an_empty_round_gives_empty_arrays():
@@ -497,6 +518,118 @@ def test_heterogeneous_clients_get_their_width_and_a_common_seeded_init():
     same = [_client(FAST, pid=p).build_model().state_dict() for p in (0, 1)]
     assert all(torch.equal(same[0][k], same[1][k]) for k in same[0])
     assert _client({**FAST, "seed": 1}).build_model().state_dict()["head.weight"].ne(same[0]["head.weight"]).any()
+
+
+def _state_of(module: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().clone().numpy() for k, v in module.state_dict().items()}
+
+
+def _equal_states(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_in_one_fit_each_relation_step_keeps_body_and_head_and_each_ce_step_keeps_the_relation(monkeypatch):
+    """Spec section 12, invariant 6, in a round with L_R on: across every relation step (phi, varphi) are
+    bit-identical while psi moves; across every CE + lambda L_R step (between two relation steps, and before the
+    first) psi is bit-identical while the model moves; every sample is scored against all |K| candidates."""
+    state = RecordDict()
+    _client(FAST, state).fit(RecordDict())
+    kept_model = wire.unpack_arrays(state.array_records[MODEL])
+    kept_relation = wire.unpack_arrays(state.array_records[RELATION])
+    steps = []
+    original = PFedPMClient.relation_step
+
+    def spy(self, model, relation, optimizer, xb, yb, ids, mixed):
+        before = (_state_of(model), _state_of(relation))
+        loss = original(self, model, relation, optimizer, xb, yb, ids, mixed)
+        with torch.no_grad():
+            shape = tuple(relation.scores(model.features(xb), mixed).shape)
+        steps.append((before, (_state_of(model), _state_of(relation)), ids.tolist(), shape, len(yb)))
+        return loss
+
+    monkeypatch.setattr(PFedPMClient, "relation_step", spy)
+    glob = np.random.default_rng(4).standard_normal((6, D)).astype(np.float32)
+    _, metrics = _client(FAST, state, server_round=2, has_global=True).fit(_global([0, 2, 4, 6, 8, 9], glob))
+    assert metrics[wire.METHOD_METRIC_PREFIX + FEATURE_REG] > 0  # the regulariser was in the CE steps
+    assert len(steps) == 3
+    local = np.flatnonzero(_client(FAST).data.train_label_counts).tolist()
+    candidates = sorted({0, 2, 4, 6, 8, 9} | set(local))
+    for (model_before, rel_before), (model_after, rel_after), ids, shape, batch in steps:
+        assert _equal_states(model_before, model_after)  # relation step: body and head bit-identical
+        assert not _equal_states(rel_before, rel_after)  # ... and the relation module moved
+        assert ids == candidates and shape == (batch, len(candidates))  # |K| scores per sample
+    # the first CE step: from the kept model and relation; the model moves, the relation does not
+    assert _equal_states(steps[0][0][1], kept_relation) and not _equal_states(steps[0][0][0], kept_model)
+    for (_, (model_after, rel_after), *_), ((model_before, rel_before), *_) in zip(steps, steps[1:]):
+        assert _equal_states(rel_after, rel_before)  # a CE + L_R step leaves psi bit-identical
+        assert not _equal_states(model_after, model_before)  # ... and moves phi / varphi
+    assert _equal_states(steps[-1][1][1], wire.unpack_arrays(state.array_records[RELATION]))  # kept as left
+
+def test_with_lambda_zero_the_global_features_reach_only_the_relation_module():
+    """Spec section 12, invariant 7: from one round-1 state and the same torch seed, round 2 with lambda = 0 leaves
+    (phi, varphi) and the upload bit-identical for two different G, while psi differs; with lambda = 1 (the
+    control) G moves the model too."""
+    state = RecordDict()
+    _client(FAST, state).fit(RecordDict())
+    gs = [np.random.default_rng(seed).standard_normal((10, D)).astype(np.float32) for seed in (1, 2)]
+
+    def round_two(lam, glob):
+        client = _client({**FAST, "pfedpm.lambda": lam}, _copy(state), server_round=2, has_global=True)
+        torch.manual_seed(1)
+        records, _ = client.fit(_global(np.arange(10), glob))
+        model, relation = client.load_model(MODEL), client.load_relation(D)
+        return _state_of(model), _state_of(relation), wire.unpack_arrays(records[wire.CLASS_FEATURES])
+
+    (model_a, rel_a, up_a), (model_b, rel_b, up_b) = (round_two(0.0, g) for g in gs)
+    assert _equal_states(model_a, model_b) and _equal_states(up_a, up_b)
+    assert not _equal_states(rel_a, rel_b)  # G still reaches the relation module (its candidates' features)
+    (model_c, *_), (model_d, *_) = (round_two(1.0, g) for g in gs)
+    assert not _equal_states(model_c, model_d)
+
+
+def test_heterogeneous_clients_upload_d_wide_records_sized_free_of_the_model_and_the_server_takes_the_mix():
+    """Spec section 12, invariants 4 and 8: clients with 18/20/22 conv2 channels (different parameter counts P) all
+    upload (class ids, (n_i, d) features, counts) for their own classes; a client's record has the same arrays and
+    the same bytes whatever its P; the server accepts the mix and averages it by hand (n_ij / N_j)."""
+    nk = {**FAST, "local-steps": 1, "partition": "pfedpm-nk", "pfedpm-nk.n": 4, "pfedpm-nk.k": 20}  # shared classes
+    hetero = {**nk, "pfedpm.heterogeneous": True}
+    uploads, infos, params = {}, {}, {}
+    for pid in range(3):
+        client = _client(hetero, RecordDict(), pid=pid)
+        records, _ = client.fit(RecordDict())
+        model = client.load_model(MODEL)
+        assert model.body[3].out_channels == (18, 20, 22)[pid]
+        params[pid] = sum(p.numel() for p in model.parameters())
+        ids, feats, counts = wire.unpack_class_features(records[wire.CLASS_FEATURES])
+        own = client.data.train_label_counts
+        assert set(ids.tolist()) <= set(np.flatnonzero(own).tolist()) and counts.tolist() == own[ids].tolist()
+        assert feats.shape == (len(ids), D) and set(records) == {wire.CLASS_FEATURES}
+        uploads[pid] = records[wire.CLASS_FEATURES]
+        infos[pid] = ClientInfo(pid, 100 + pid, int(own.sum()), 5, own, own)
+    assert len(set(params.values())) == 3  # three different model sizes
+    # the same client with the homogeneous width (20 channels instead of 18): same record, other P
+    plain = _client(nk, RecordDict(), pid=0)
+    same_pid = plain.fit(RecordDict())[0][wire.CLASS_FEATURES]
+    assert sum(p.numel() for p in plain.load_model(MODEL).parameters()) != params[0]
+    shapes = {k: (v.shape, v.dtype) for k, v in wire.unpack_arrays(same_pid).items()}
+    assert shapes == {k: (v.shape, v.dtype) for k, v in wire.unpack_arrays(uploads[0]).items()}
+    assert wire.record_bytes(same_pid) == wire.record_bytes(uploads[0])
+    cfg = Config.from_run_config({"method": "pfedpm", "dataset": "digits", "pfedpm.heterogeneous": True})
+    strategy = PFedPMStrategy(cfg, infos, model_facts("protocnn", (1, 8, 8), 10, 0))
+    replies = [_Reply(pid, wire.unpack_arrays(uploads[pid])) for pid in range(3)]
+    assert [strategy.check_reply(r) for r in replies] == [None, None, None]
+    strategy.aggregate(1, replies)
+    sums, totals = {}, {}
+    for pid in range(3):  # Eq. 7 (weighted) by an explicit loop
+        for j, f, c in zip(*wire.unpack_class_features(uploads[pid])):
+            sums[int(j)] = sums.get(int(j), 0.0) + int(c) * f.astype(np.float64)
+            totals[int(j)] = totals.get(int(j), 0) + int(c)
+    holders = {j: [int(info.train_label_counts[j]) for info in infos.values() if info.train_label_counts[j]]
+               for j in sums}
+    assert any(len(set(c)) > 1 for c in holders.values())  # a class shared with unequal counts: weighted != uniform
+    assert strategy.class_ids.tolist() == sorted(sums)
+    for j, row in zip(strategy.class_ids.tolist(), strategy.features):
+        np.testing.assert_allclose(row, sums[j] / totals[j], rtol=1e-5, atol=1e-6)
 
 
 def test_global_features_are_read_only_when_the_flag_says_so():
