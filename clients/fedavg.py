@@ -13,7 +13,7 @@ class FedAvgClient(ClientMethod):
     def fit(self, content):
         model = self.model_from(content, wire.WEIGHTS)
         loss = self.local_train(model, content)
-        return {wire.WEIGHTS: wire.pack_arrays(model.state_dict())}, {"train-loss": loss}
+        return {wire.WEIGHTS: wire.pack_arrays(model.state_dict())}, {wire.TRAIN_LOSS: loss}
 
     def evaluate(self, content):
         model = self.model_from(content, wire.WEIGHTS)

@@ -19,7 +19,7 @@ class FedPerClient(FedAvgClient):
         loss = self.local_train(model, content)
         self.save_model(model)
         body = {k: v for k, v in model.state_dict().items() if k.startswith(BODY_PREFIX)}
-        return {wire.WEIGHTS: wire.pack_arrays(body)}, {"train-loss": loss}
+        return {wire.WEIGHTS: wire.pack_arrays(body)}, {wire.TRAIN_LOSS: loss}
 
     def evaluate(self, content):
         return EvalResult(*evaluate_model(self.personal_model(content), self.data.x_test, self.data.y_test))

@@ -2,6 +2,7 @@
 
 from clients.base import ClientMethod, EvalResult
 from clients.training import evaluate_model
+from fedcore import wire
 
 
 class LocalClient(ClientMethod):
@@ -9,7 +10,7 @@ class LocalClient(ClientMethod):
         model = self.load_model()
         loss = self.train(model)
         self.save_model(model)
-        return {}, {"train-loss": loss}
+        return {}, {wire.TRAIN_LOSS: loss}
 
     def evaluate(self, content):
         return EvalResult(*evaluate_model(self.load_model(), self.data.x_test, self.data.y_test))
