@@ -16,7 +16,7 @@ from clients.fedfcd import GlobalKnowledge, alignment_loss, fused_logits
 from fedcore import wire
 from fedcore.contracts.fedfcd import ALIGNMENT_LOSS, GLOBAL_HEAD, HEAD_LOSS
 from fedstrategies.fedfcd_math import GlobalHead
-from tests.test_fedfcd import C, _client, _known, _pairs, _payload, _replies, _same, _snapshot, _strategy
+from tests.test_fedfcd import C, _client, _known, _pairs, _payload, _replies, _reply, _same, _snapshot, _strategy
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -526,3 +526,143 @@ def test_traffic_reads_bytes_per_training_round_evaluation_and_round_0_from_roun
     path = tmp_path / "rounds.csv"
     path.write_text("round,bytes_up,bytes_down,eval_bytes_down\n0,100,10,\n1,20,200,50\n2,40,400,70\n")
     assert traffic(path) == {"up": 30.0, "down": 300.0, "eval_down": 60.0, "prepare": 110.0}
+
+
+# ====================================================================== spec section 12: a fast test per invariant
+# (docs/papers/fedfcd.md, "Spec invariants and their tests", maps every invariant to its tests)
+def test_1_a_fit_reply_is_k_by_d_lfrs_their_labels_and_counts_and_no_parameter_shaped_tensor(tmp_path):
+    client = _client(tmp_path)
+    model = client.new_model()
+    d = model.feature_dim
+    known = _known(client, model)
+    sent = known.has_gfr.nonzero().flatten()
+    payload = _payload(known.weight.numpy(), known.bias.numpy(), sent.numpy(), known.gfr[sent].numpy())
+    records, _ = client.fit(payload)
+    assert set(records.keys()) == {wire.CLASS_FEATURES}  # one record, nothing else
+    arrays = wire.unpack_arrays(records[wire.CLASS_FEATURES])
+    assert set(arrays) == {"class-ids", "features", "counts"}
+    labels = sorted(set(client.data.y_train.tolist()))
+    k = len(labels)
+    assert 0 < k < C  # a client of a few classes: (K, d) cannot be mistaken for the head's (C, d)
+    assert arrays["features"].shape == (k, d) and arrays["features"].dtype == np.float32
+    assert arrays["class-ids"].tolist() == labels
+    assert arrays["counts"].tolist() == [sum(1 for v in client.data.y_train.tolist() if v == j) for j in labels]
+    assert sum(a.size for a in arrays.values() if a.dtype.kind == "f") == k * d  # the LFRs are the only floats
+    parameter_shapes = {tuple(v.shape) for v in client.load_model().state_dict().values()}
+    assert not {tuple(a.shape) for a in arrays.values()} & parameter_shapes  # no theta_i or phi_i tensor
+
+
+def test_2_lfr_is_taken_in_eval_mode_without_grad_and_leaves_batchnorm_statistics_alone(tmp_path):
+    """With BatchNorm, train-mode and eval-mode features differ: the LFR is the per-class mean of the eval-mode
+    features, recomputed here class by class, and taking it neither moves the running statistics nor leaves a
+    gradient on any parameter."""
+    client = _client(tmp_path, model="resnet8")
+    model = client.new_model().train()  # as stage A leaves it
+    before = _snapshot(model)
+    assert any("running_mean" in k for k in before)
+    ids, feats, counts = wire.unpack_class_features(client.lfr_upload(model)[wire.CLASS_FEATURES])
+    assert _same(model, before) and all(p.grad is None for p in model.parameters())
+    x, y = client.data.x_train, client.data.y_train
+    twin = copy.deepcopy(model).eval()
+    labels = sorted(set(y.tolist()))
+    with torch.no_grad():
+        z_eval = twin.body(x)
+        z_train = copy.deepcopy(model).train().body(x)
+    expected, in_train_mode = [], []
+    for j in labels:
+        rows = [i for i in range(len(y)) if int(y[i]) == j]
+        expected.append(sum(z_eval[i].double() for i in rows) / len(rows))
+        in_train_mode.append(z_train[rows].mean(0))
+    assert ids.tolist() == labels and counts.tolist() == [int((y == j).sum()) for j in labels]
+    assert np.allclose(feats, torch.stack(expected).float().numpy(), atol=1e-5)
+    assert not np.allclose(feats, torch.stack(in_train_mode).numpy(), atol=1e-3)  # the mode matters here
+
+
+def _manual_head_epoch(weight, bias, x, y, lr, batch, generator):
+    """One shuffled SGD epoch of mean CE on (x, y), softmax gradient written out by hand (float64)."""
+    w, b = torch.tensor(weight, dtype=torch.float64), torch.tensor(bias, dtype=torch.float64)
+    for idx in torch.randperm(len(y), generator=generator).split(batch):
+        xb, yb = x[idx].double(), y[idx]
+        err = torch.softmax(xb @ w.T + b, 1) - F.one_hot(yb, w.shape[0]).double()
+        w, b = w - lr * err.T @ xb / len(idx), b - lr * err.mean(0)
+    return w.numpy(), b.numpy()
+
+
+def test_8_after_round_0_every_class_present_has_a_gfr_and_phi_g_has_had_exactly_one_epoch():
+    strategy = _strategy(num_clients=6)  # client pid holds classes pid, pid + 1: classes 0..6 present, 7..9 not
+    assert list(strategy.prepare_targets()) == list(range(6))  # every client, no sampling
+    replies = _replies(strategy, 0)
+    x, y = _pairs(replies)
+    assert len(y) == 12  # two batches of 10 and 2
+    w0, b0 = strategy.initial_weights["head.weight"], strategy.initial_weights["head.bias"]
+    generator = copy.deepcopy(strategy.torch_generator)
+    strategy.aggregate_prepare(replies)
+    assert strategy.gfr_mask.tolist() == [True] * 7 + [False] * 3
+    assert all(np.abs(strategy.gfr[j]).sum() > 0 for j in range(7)) and not strategy.gfr[7:].any()
+    w1, b1 = _manual_head_epoch(w0, b0, x, y, 0.01, 10, generator)
+    got = strategy.head.arrays()
+    assert np.allclose(got["weight"], w1, atol=1e-6) and np.allclose(got["bias"], b1, atol=1e-6)
+    w2, _ = _manual_head_epoch(w1, b1, x, y, 0.01, 10, generator)  # a second epoch would be told apart
+    assert not np.allclose(got["weight"], w2, atol=1e-6) and not np.allclose(got["weight"], w0, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [4, 6, 8])
+def test_9_pat_with_the_fig5_k_labels_per_client_disjoint_and_split_75_25(k):
+    """Fig. 5's Pat (m = 20, K of 10 labels): exactly K labels per client, each class held by m K / C clients,
+    samples disjoint across clients, each client's split 75/25 up to rounding."""
+    from partitions import build_splits, load_dataset
+
+    data = load_dataset("mnist5k", num_clients=20, seed=0)
+    splits = build_splits(data, "pathological", 20, 0, {"classes-per-client": k, "train-fraction": 0.75})
+    labels = [set(data.y[np.concatenate([s.train, s.test])].tolist()) for s in splits]
+    assert [len(ls) for ls in labels] == [k] * 20
+    assert [sum(1 for ls in labels if j in ls) for j in range(10)] == [20 * k // 10] * 10
+    seen: set = set()
+    for s in splits:
+        mine = set(np.concatenate([s.train, s.test]).tolist())
+        assert len(mine) == len(s.train) + len(s.test) and not mine & seen
+        seen |= mine
+        assert abs(len(s.train) - 0.75 * len(mine)) < 1
+    assert len(seen) <= len(data.y)
+
+
+def test_11_the_round_accuracy_is_sum_correct_over_sum_n_over_every_client():
+    """All clients are asked to evaluate (with the new phi_g); the accuracy is sample-weighted, not the client mean."""
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them (as the grid's)
+    strategy = _strategy(num_clients=3)
+    messages = list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), None))
+    assert sorted(m.metadata.dst_node_id for m in messages) == [100, 101, 102]
+    assert all(m.content.array_records[GLOBAL_HEAD] is strategy.evaluate_payload(0, 1)[GLOBAL_HEAD] for m in messages)
+    scores = {100: (9, 10), 101: (1, 2), 102: (0, 1)}  # (correct, n)
+    replies = [Message(RecordDict({wire.METRICS: MetricRecord({
+        wire.PARTITION_ID: m.metadata.dst_node_id - 100, wire.NUM_EXAMPLES: scores[m.metadata.dst_node_id][1],
+        wire.CORRECT: scores[m.metadata.dst_node_id][0], wire.EVAL_LOSS: 1.0})}), reply_to=m) for m in messages]
+    out = strategy.aggregate_evaluate(1, replies)
+    assert out["acc-weighted"] == pytest.approx((9 + 1 + 0) / (10 + 2 + 1))
+    assert out["acc-client-mean"] == pytest.approx((0.9 + 0.5 + 0.0) / 3)
+    assert out["eval-clients"] == 3
+
+
+@pytest.mark.parametrize("dataset, model, shape, classes, floats", [
+    ("fmnist", "dnn", (1, 28, 28), 10, 2_010), ("cifar10", "fedavgcnn", (3, 32, 32), 10, 10_250),
+    ("cifar100", "resnet18", (3, 32, 32), 100, 102_500)])
+def test_12_the_download_of_each_paper_model_is_the_specs_number_of_floats(dataset, model, shape, classes, floats):
+    """Spec section 5's figures: 2Cd + C floats (W_g, b_g, the C x d GFR table) with every class reported."""
+    from fedcore.config import Config
+    from fedcore.models import model_facts
+    from fedstrategies.base import ClientInfo
+    from fedstrategies.fedfcd import FedFCDStrategy
+
+    counts = np.full(classes, 3, np.int64)
+    clients = {0: ClientInfo(0, 100, int(counts.sum()), 10, counts, counts)}
+    cfg = Config.from_run_config({"method": "fedfcd", "dataset": dataset, "model": model,
+                                  "fedfcd.gfr-download": "all"})
+    strategy = FedFCDStrategy(cfg, clients, model_facts(model, shape, classes, 0))
+    d = strategy.model.feature_dim
+    strategy.aggregate(0, [_reply(strategy, 0, np.ones((classes, d), np.float32))])
+    payload = strategy.train_payload(0, 1)
+    sent = sum(a.size for r in payload.values() for a in wire.unpack_arrays(r).values() if a.dtype.kind == "f")
+    assert sent == floats
