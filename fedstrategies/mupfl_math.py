@@ -129,6 +129,8 @@ def choose_clusters(similarity: np.ndarray, low: int = 2, high: int = 6, seed: i
     if not counts:
         return one
     points = gram_embedding(similarity)
+    if points.shape[1] == 0:  # all similarities 0 (unchanged models, empty maps): every client at one point
+        return one
     distance = dissimilarity(similarity)
     best: Clustering | None = None
     scores: dict[int, float] = {}

@@ -769,3 +769,320 @@ def test_a_class_reported_by_one_client_is_that_clients_gradient_and_the_default
     H2 = H.clone()
     rep = torch.tensor([True, True, False])
     assert ff.match_features(H, target, rep, W, b, 3, 0.05) == ff.match_features(H2, target, rep, W, b, 3, 0.05, "adam")
+
+
+# ============================================================================ small cases by hand (#26)
+
+
+def test_bavd_mask_keeps_positions_tied_with_the_mean_and_the_keep_fraction_by_hand():
+    # min-max: [0, 1, 2] -> [0, .5, 1], mean .5: the tie at 1 is kept (>=), the 0 dropped
+    assert bavd_rules.bavd_mask(torch.tensor([[0.0, 1.0, 2.0]])).tolist() == [[False, True, True]]
+    constant = bavd_rules.bavd_mask(torch.full((2, 3), 4.0))
+    assert constant.dtype == torch.bool and constant.all()
+    from clients.mupfl import BAVD
+
+    # one hot position in 8x8 keeps 1/64; 0..15 in 4x4 keeps the 8 values >= 7.5; the mean over layers
+    spike = torch.zeros(8, 8)
+    spike[2, 5] = 3.0
+    model = build_model("mupflcnn", (1, 8, 8), 10)
+    bavd = BAVD(model, [spike, torch.arange(16.0).reshape(4, 4)], 0, 0.0, "decrease")
+    assert bavd.masks[0].sum() == 1 and bool(bavd.masks[0][2, 5]) and bavd.masks[1].sum() == 8
+    assert bavd.keep_fraction() == pytest.approx((1 / 64 + 8 / 16) / 2)
+    bavd.remove()
+    plain = BAVD(build_model("cnn", (1, 8, 8), 10), [], 0, 0.0, "decrease")  # a model without BAVD layers
+    assert plain.keep_fraction() == 1.0
+
+
+def test_psi_is_the_loss_decrease_by_default_and_bavd_records_only_while_told():
+    assert bavd_rules.loss_change(2.0, 1.5) == 0.5 and bavd_rules.loss_change(1.0, 1.25) == -0.25
+    maps = [torch.rand(8, 8), torch.rand(4, 4)]
+    model, bavd = _model_with_bavd(maps)
+    model(torch.rand(3, 1, 8, 8))
+    assert bavd._batch_means == [None, None]  # not recording: a forward leaves r alone
+    bavd.remove()
+
+
+def _autograd_class_gradients(h, y, weight, bias, K):
+    head = torch.nn.Linear(h.shape[1], K).to(h.dtype)
+    head.weight.data, head.bias.data = weight.clone(), bias.clone()
+    rows = []
+    for k in range(K):
+        head.zero_grad()
+        if (y == k).any():
+            F.cross_entropy(head(h[y == k]), y[y == k]).backward()
+            rows.append(torch.cat([head.weight.grad.flatten(), head.bias.grad]))
+        else:
+            rows.append(torch.zeros(K * h.shape[1] + K, dtype=h.dtype))
+    return torch.stack(rows)
+
+
+def test_class_gradients_with_a_single_sample_class_a_missing_last_class_and_no_samples_in_float64():
+    torch.manual_seed(11)
+    K, d = 5, 4
+    weight, bias = torch.randn(K, d, dtype=torch.float64), torch.randn(K, dtype=torch.float64)
+    # class 1 has one sample, class 0 three (a 1/3 scale float32 would round), classes 3 and 4 none
+    y = torch.tensor([0, 2, 1, 0, 2, 0])
+    h = torch.randn(6, d, dtype=torch.float64)
+    z, present = cg.class_gradients(h, y, weight, bias, K)
+    assert present.tolist() == [True, True, True, False, False]
+    assert z.shape == (K, K * d + K) and z.dtype == torch.float64
+    assert torch.allclose(z, _autograd_class_gradients(h, y, weight, bias, K), rtol=0, atol=1e-13)
+    # one sample in all: its own gradient
+    z1, p1 = cg.class_gradients(h[:1], y[:1], weight, bias, K)
+    assert p1.tolist() == [True, False, False, False, False]
+    assert torch.allclose(z1, _autograd_class_gradients(h[:1], y[:1], weight, bias, K), rtol=0, atol=1e-13)
+    assert bool(z1[0].abs().sum() > 0)
+    # no samples: K zero rows of the full width, nothing present
+    z0, p0 = cg.class_gradients(h[:0], y[:0], weight, bias, K)
+    assert z0.shape == (K, K * d + K) and not z0.any() and p0.tolist() == [False] * K
+
+
+def test_matching_distance_is_zero_with_no_class_reported_whatever_the_synthetic_rows():
+    target, synthetic = torch.randn(3, 3 * 2 + 3), torch.ones(3, 3 * 2 + 3)
+    assert float(ff.matching_distance(target, synthetic, torch.zeros(3, dtype=torch.bool))) == 0.0
+
+
+def test_row_cosines_damp_rows_shorter_than_the_guard_by_hand():
+    """CReFF's guard: each norm is clamped at 1e-6, so two equal rows of norm 1e-7 have cosine
+    (1e-7 / 1e-6) ** 2 = 0.01 (not 1), in the weight rows and in the bias row alike."""
+    K, d = 2, 3
+    tiny = torch.zeros(K, K * d + K, dtype=torch.float64)
+    tiny[:, 0] = tiny[:, d] = tiny[:, K * d] = 1e-7  # weight rows 0 and 1, bias
+    cos = ff.row_cosines(tiny, tiny)
+    assert torch.allclose(cos, torch.full((K, K + 1), 0.01, dtype=torch.float64), rtol=1e-9)
+
+
+def test_adam_matching_equals_torch_adam_when_the_gradients_are_as_small_as_its_epsilon():
+    """W = 0, b = 0: the loss is scale-free in H, so at |H| ~ 1e6 the gradients are ~1e-8 and Adam's
+    epsilon (added to the root of the second moment) shapes every step."""
+    torch.manual_seed(12)
+    K, d, m = 3, 5, 4
+    weight, bias = torch.zeros(K, d), torch.zeros(K)
+    target, reported = torch.randn(K, K * d + K), torch.ones(K, dtype=torch.bool)
+    H = torch.randn(K * m, d) * 1e6
+    ref = H.clone().requires_grad_(True)
+    opt = torch.optim.Adam([ref], lr=1e4)
+    for _ in range(3):
+        opt.zero_grad()
+        ff.matching_distance(target, cg.synthetic_class_gradients(ref, weight, bias), reported).backward()
+        opt.step()
+    moved = H.clone()
+    ff.match_features(moved, target, reported, weight, bias, steps=3, lr=1e4)
+    step = float((ref.detach() - H).abs().max())
+    assert step > 1e3  # the steps are not lost in float32 rounding
+    assert float((moved - ref.detach()).abs().max()) <= 1e-3 * step
+
+
+def test_an_unreported_class_averages_to_exact_zeros():
+    import warnings
+
+    rng = np.random.default_rng(13)
+    K, G = 4, 40  # > 1 KiB of float64: fresh memory, not numpy's small-block cache
+    present = np.array([0.0, 1.0, 1.0, 1.0])
+    replies = [(rng.standard_normal((K, G)) + 5, present) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        z, reported = ff.average_class_gradients(replies)
+    assert reported.tolist() == [False, True, True, True]
+    assert np.array_equal(z[0], np.zeros(G))
+    assert np.allclose(z[1:], sum(r[0] for r in replies)[1:] / 3)
+
+
+def test_cosine_matrix_of_a_zero_or_degenerate_vector_is_zero_without_an_invalid_operation():
+    import warnings
+
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((4, 6))
+    x[2] = 0.0
+    gram = x @ x.T
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        cos = mm.cosine_matrix(gram)
+        assert np.array_equal(cos[2], np.zeros(4)) and np.array_equal(cos[:, 2], np.zeros(4))
+        unit = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
+        assert np.allclose(cos, unit @ unit.T, atol=1e-12)
+        # a reply whose Gram diagonal rounds below zero: cosine 0 with everything (130 clients: > 1 KiB)
+        big = rng.standard_normal((130, 5))
+        degenerate = big @ big.T
+        degenerate[0, 0] = -1e-3
+        cos = mm.cosine_matrix(degenerate)
+        assert np.array_equal(cos[0], np.zeros(130)) and np.isfinite(cos).all()
+    # computed in float64 whatever the input
+    g32 = (x @ x.T).astype(np.float32) + np.eye(4, dtype=np.float32)
+    assert mm.cosine_matrix(g32).dtype == np.float64
+    assert np.array_equal(mm.cosine_matrix(g32), mm.cosine_matrix(g32.astype(np.float64)))
+
+
+def test_spec_embedding_rows_are_unit_for_short_vectors_and_zero_for_zero_vectors():
+    import warnings
+
+    rng = np.random.default_rng(15)
+    x, a = 1e-3 * rng.standard_normal((8, 300)), 1e-3 * rng.random((8, 20))
+    x[-1] = 0.0
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        e = mm.spec_embedding(x, a, 0.25)
+    assert np.allclose(np.linalg.norm(e[:-1, :300], axis=1), np.sqrt(0.25))
+    assert np.allclose(np.linalg.norm(e[:, 300:], axis=1), np.sqrt(0.75))
+    assert np.array_equal(e[-1, :300], np.zeros(300))
+    for m, p, row in ((6, 40, 0), (6, 40, -1), (4, 64, 0), (20, 20, -1), (3, 1000, -1)):  # sizes in and out of caches
+        u = rng.standard_normal((m, p))
+        u[row] = 0.0
+        assert np.array_equal(mm.spec_embedding(u, np.ones((m, 2)), 0.5)[row, :p], np.zeros(p))
+    assert np.array_equal(mm.spec_embedding(x.astype(np.float32), a, 0.25),
+                          mm.spec_embedding(x.astype(np.float32).astype(np.float64), a, 0.25))
+
+
+def test_dissimilarity_has_no_negative_entries_when_a_similarity_rounds_above_one():
+    sim = np.array([[1.0, 1.0 + 1e-12, 0.2], [1.0 + 1e-12, 1.0, 0.5], [0.2, 0.5, 1.0]])
+    d = mm.dissimilarity(sim)
+    assert d[0, 1] == 0.0 and d[1, 0] == 0.0 and d.min() == 0.0
+    assert d[0, 2] == pytest.approx(0.8) and np.array_equal(np.diag(d), np.zeros(3))
+
+
+def test_gram_embedding_reproduces_a_similarity_of_any_scale():
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((5, 3))
+    for scale in (1.0, 1e-14):  # every eigenvalue below 1e-12: the cut is relative to the largest
+        s = scale * (x @ x.T)
+        y = mm.gram_embedding(s)
+        assert y.shape[1] == 3
+        assert np.allclose(y @ y.T, s, rtol=0, atol=1e-9 * scale)
+
+
+def test_silhouette_is_defined_up_to_m_minus_one_clusters():
+    x, a = _vectors(m=5, seed=17)
+    d = mm.dissimilarity(mm.combined_similarity(x @ x.T, a @ a.T, 0.5))
+    labels = np.array([0, 0, 1, 2, 3])  # 4 = m - 1 clusters
+    assert mm.silhouette(d, labels) == pytest.approx(silhouette_score(d, labels, metric="precomputed"))
+    assert mm.silhouette(d, np.arange(5)) is None and mm.silhouette(d, np.zeros(5, dtype=int)) is None
+
+
+def test_one_cluster_results_and_an_empty_round():
+    two = mm.choose_clusters(np.ones((2, 2)))
+    assert two.labels.tolist() == [0, 0] and two.labels.dtype == np.int64
+    assert (two.count, two.silhouette) == (1, 0.0)
+    none = mm.choose_clusters(np.zeros((0, 0)))
+    assert (none.count, none.silhouette, len(none.labels)) == (0, 0.0, 0)
+    x, a = _vectors(m=9, seed=18)
+    one = mm.choose_clusters(mm.combined_similarity(x @ x.T, a @ a.T, 0.5), fixed=1)  # kappa = 1: no k-means
+    assert (one.count, one.silhouette, one.scores) == (1, 0.0, {}) and one.labels.tolist() == [0] * 9
+
+
+def test_a_round_whose_similarities_are_all_zero_is_one_cluster_not_a_crash():
+    """Every update and map zero (clients that did not move): the embedding has no dimension left, so every client
+    sits at one point; adaptive or fixed, that is one cluster (k-means refuses 0 features)."""
+    for fixed in (0, 3):
+        same = mm.choose_clusters(np.zeros((5, 5)), fixed=fixed)
+        assert (same.count, same.silhouette) == (1, 0.0) and same.labels.tolist() == [0] * 5
+
+
+def test_choose_clusters_defaults_range_2_to_6_seed_0_and_the_high_end_is_used():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((12, 30))
+    sim = mm.cosine_matrix(x @ x.T)
+    default = mm.choose_clusters(sim)
+    assert sorted(default.scores) == [2, 3, 4, 5, 6]
+    assert default.scores == mm.choose_clusters(sim, 2, 6, seed=0).scores
+    assert default.scores != mm.choose_clusters(sim, seed=1).scores  # the seed matters on these points
+    assert sorted(mm.choose_clusters(sim, 2, 3).scores) == [2, 3]
+    assert default.labels.dtype == np.int64
+
+
+def test_a_fixed_count_whose_silhouette_is_undefined_reports_zero():
+    x = np.eye(4)  # 4 orthogonal clients, 4 clusters: every client alone, silhouette undefined
+    got = mm.choose_clusters(x @ x.T, fixed=4)
+    assert got.count == 4 and got.silhouette == 0.0 and got.scores == {}
+
+
+def test_a_silhouette_tie_goes_to_the_smaller_count():
+    """Two groups of 3 identical clients: k = 2 and k = 3 (which k-means can only split into the same
+    2 groups) both score 1; k = 2's labels are kept."""
+    x = np.array([[1.0, 0.0]] * 3 + [[0.0, 1.0]] * 3)
+    got = mm.choose_clusters(x @ x.T, seed=0)
+    assert got.scores[2] == got.scores[3] == 1.0
+    points = mm.gram_embedding(x @ x.T)
+    assert np.array_equal(got.labels, mm.kmeans_labels(points, 2, 0))
+    assert not np.array_equal(got.labels, mm.kmeans_labels(points, 3, 0))
+
+
+def test_kmeans_labels_are_ten_restart_kmeans_plus_plus():
+    p = np.random.default_rng(8).standard_normal((20, 2))  # points where an 11th restart finds other labels
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert np.array_equal(mm.kmeans_labels(p, 6, 0), KMeans(6, init="k-means++", n_init=10,
+                                                                random_state=0).fit_predict(p))
+        assert not np.array_equal(mm.kmeans_labels(p, 6, 0), KMeans(6, init="k-means++", n_init=11,
+                                                                    random_state=0).fit_predict(p))
+
+
+def test_cluster_models_forms_no_empty_cluster():
+    rng = np.random.default_rng(19)
+    starts, updates = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    with np.errstate(all="raise"):
+        tilde = mm.cluster_models(starts, updates, np.array([5, 2, 5, 2]))
+    assert np.allclose(tilde[0] - starts[0], updates[[0, 2]].mean(0))
+
+
+def test_the_cluster_range_is_checked_and_h_is_seeded_and_float32_or_empty_without_pkcf():
+    from benchmarks.server_time import fake_clients
+    from fedcore import wire
+    from fedcore.config import Config, ConfigError
+    from fedcore.models import model_facts
+    from fedstrategies.mupfl import MuPFLStrategy
+
+    def make(**hp):
+        cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "model": "mupflcnn",
+                                      "mupfl.features-per-class": 2, **{f"mupfl.{k}": v for k, v in hp.items()}})
+        return MuPFLStrategy(cfg, fake_clients(4), model_facts("mupflcnn", (1, 8, 8), 10, 0))
+
+    with pytest.raises(ConfigError, match=r"max-clusters \(2\) must be >= mupfl.min-clusters \(3\)"):
+        make(**{"min-clusters": 3, "max-clusters": 2})
+    assert make(**{"min-clusters": 3, "max-clusters": 3}).hp["max-clusters"] == 3  # a one-count range is fine
+    torch.manual_seed(123)
+    a = make()
+    torch.manual_seed(456)  # H comes from the run's seed, not torch's global generator
+    b = make()
+    assert a.features.shape == (20, 256) and a.features.dtype == np.float32
+    assert np.array_equal(a.features, b.features)
+    off = make(pkcf=False)
+    assert off.features.shape == (0, 256) and off.features.dtype == np.float32
+    # a fresh strategy has no H yet and sends its initial model
+    assert a.has_features is False and a.train_config(0, 1)["has-features"] is False
+    down = wire.unpack_arrays(a.train_payload(0, 1)[wire.WEIGHTS])
+    assert all(np.array_equal(down[k], v) for k, v in a.global_weights.items())
+
+
+def test_the_matching_uses_the_configured_optimiser_and_the_float32_average():
+    from fedcore.models import one_torch_thread
+    from fedstrategies.federated_features import average_class_gradients, match_features
+
+    for optimizer in ("sgd", "adam"):
+        strategy, replies = _strategy_and_replies(**{"match-optimizer": optimizer, "match-lr": 0.5})
+        head = {k: strategy.global_weights[k].copy() for k in strategy.head_keys}
+        H = torch.from_numpy(strategy.features.copy())
+        strategy.aggregate(1, replies)
+        z, reported = average_class_gradients((r.arrays["class-gradients"]["z"], r.arrays["class-gradients"]["present"])
+                                              for r in replies)
+        with one_torch_thread():
+            match_features(H, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
+                           torch.from_numpy(head["head.weight"]), torch.from_numpy(head["head.bias"]), 3, 0.5, optimizer)
+        assert np.array_equal(strategy.features, H.numpy())  # bitwise: same optimiser, same float32 target
+
+
+def test_sample_per_class_takes_the_first_of_each_class_in_the_shuffled_order():
+    """Brute force: the generator's permutation, then per class its first ``per_class`` members in that order."""
+    from types import SimpleNamespace
+
+    from clients.mupfl import sample_per_class
+
+    g = torch.Generator().manual_seed(20)
+    y = torch.randint(0, 4, (60,), generator=g)
+    y[y == 3] = 0  # class 3 absent
+    data = SimpleNamespace(y_train=y, x_train=torch.arange(60.0)[:, None], num_classes=5)
+    x, got_y = sample_per_class(data, 4, torch.Generator().manual_seed(21))
+    perm = torch.randperm(60, generator=torch.Generator().manual_seed(21)).tolist()
+    expected = [i for c in range(5) for i in [j for j in perm if int(y[j]) == c][:4]]
+    assert x[:, 0].long().tolist() == expected and got_y.tolist() == [int(y[i]) for i in expected]

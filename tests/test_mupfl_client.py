@@ -222,3 +222,77 @@ def test_evaluation_applies_the_stored_bavd_masks_only_with_bavd_at_eval():
     assert (off.loss, off.correct) == (pytest.approx(plain[0]), plain[1])
     # the hooks are gone after evaluating: the model evaluates plainly again
     assert _client(state=state, bavd=False).evaluate(content).loss == pytest.approx(plain[0])
+
+
+def test_bavd_counters_and_maps_are_restored_from_state_in_the_next_round():
+    """lambda and l^(lambda-1) carry over: the next round's BAVD starts at the saved step count with the
+    last batch loss of the previous round, and with its maps."""
+    from clients.mupfl import BAVD, BAVD_COUNTERS, BAVD_MAPS
+
+    state = _stored_state()
+    saved = dict(state.config_records[BAVD_COUNTERS])
+    maps = wire.unpack_arrays(state.array_records[BAVD_MAPS])
+    assert saved["steps"] > 0 and saved["previous-loss"] > 0
+    client = _client(state=state)
+    bavd = BAVD.from_state(client.env, client.new_model(), "decrease")
+    assert bavd.steps == saved["steps"] and bavd.previous_loss == saved["previous-loss"]
+    assert all(np.array_equal(m.numpy(), maps[str(i)]) for i, m in enumerate(bavd.maps))
+    bavd.remove()
+
+
+def test_without_bavd_at_eval_the_gradients_are_taken_without_masks_and_present_is_float32():
+    from clients.mupfl import BAVD_MAPS
+
+    state = _stored_state()  # maps that drop positions
+    client = _client(state=state, **{"bavd-at-eval": False})
+    content, received = _content(client)
+    upload, _ = client.fit(content)
+    assert wire.unpack_arrays(client.env.state.array_records[BAVD_MAPS])  # BAVD ran during training
+    model = client.new_model()
+    model.load_state_dict(wire.torch_arrays(upload[wire.WEIGHTS]))
+    x, y = client.sample_per_class()
+    model.eval()
+    with torch.no_grad():
+        h = model.features(x)  # no hooks on this model: the plain extractor
+    head = _head(received.state_dict())
+    z, present = cg.class_gradients(h, y, head["head.weight"], head["head.bias"], 10)
+    grads = wire.unpack_arrays(upload[GRADIENTS])
+    assert np.allclose(grads["z"], z.numpy(), atol=1e-5)
+    assert grads["present"].dtype == np.float32 and np.array_equal(grads["present"], present.float().numpy())
+
+
+def test_one_feature_per_class_and_one_epoch_still_pretrain():
+    client = _client(**{"features-per-class": 1, "head-epochs": 1})
+    assert client.pkcf_active()
+    content, received = _content(client)
+    H = np.random.default_rng(0).standard_normal((10, received.feature_dim)).astype(np.float32)
+    content[FEATURES] = wire.pack_arrays({"features": H})
+    upload, _ = client.fit(content)
+    got = wire.unpack_arrays(upload[START_HEAD])
+    assert not np.allclose(got["head.weight"], _head(received.state_dict())["head.weight"].numpy())
+
+
+def test_pretraining_is_tau_epochs_of_sgd_on_h_in_its_own_shuffle_stream():
+    """Eq. 21 by hand: tau shuffled passes over (H, class-major labels) in batches of batch-size, with
+    SGD on the head at the message's lr, the shuffles drawn from the client's PKCF stream (tag 1)."""
+    from clients.mupfl import PKCF_TAG
+
+    client = _client(**{"head-epochs": 3, "features-per-class": 8})  # 80 features: 3 batches of 32 an epoch
+    content, received = _content(client)
+    content[FEATURES] = wire.pack_arrays({"features": np.random.default_rng(1).standard_normal(
+        (80, received.feature_dim)).astype(np.float32)})
+    model = client.new_model()
+    model.load_state_dict(received.state_dict())
+    client.pretrain_head(model, content, PKCF_TAG)
+    H = torch.tensor(wire.unpack_arrays(content[FEATURES])["features"])
+    y = torch.arange(10).repeat_interleave(8)
+    head = client.new_model().head
+    head.load_state_dict({k[len("head."):]: v for k, v in _head(received.state_dict()).items()})
+    opt = client.env.optimizer(head.parameters())
+    g = client.env.generator(PKCF_TAG)
+    for _ in range(3):
+        for idx in torch.randperm(len(y), generator=g).split(32):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(head(H[idx]), y[idx]).backward()
+            opt.step()
+    assert all(torch.allclose(v, model.head.state_dict()[k], atol=1e-6) for k, v in head.state_dict().items())

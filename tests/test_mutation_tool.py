@@ -1,6 +1,6 @@
 """The mutation report's arithmetic: excused survivors leave the ratio, mutants not yet judged count against it."""
 
-from tools.mutation import parse_results, summarise
+from tools.mutation import parse_results, summarise, survivors_to_rerun
 
 
 def test_results_listing_is_parsed_by_name_and_verdict():
@@ -17,3 +17,8 @@ def test_ratio_leaves_out_excused_survivors_and_counts_unjudged_mutants_as_not_k
     assert s["other"] == ["n1"]
     assert s["ratio"] == 2 / 5
     assert summarise({"k1": "killed"}, {"gone": ("equivalent", "x")})["stale_notes"] == ["gone"]
+
+
+def test_survivors_rerun_only_the_unexcused_survivors():
+    verdicts = {"k1": "killed", "s1": "survived", "s2": "no tests", "e1": "survived", "n1": "not checked"}
+    assert survivors_to_rerun(verdicts, {"e1": ("equivalent", "same behaviour")}) == ["s1", "s2"]

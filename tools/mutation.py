@@ -4,7 +4,8 @@ Each method is mutated in its own copy of the project (``.mutation/<method>/``),
 side by side and the working tree is never touched. Only the method's own modules are mutated and only its
 fast tests run against each mutant. The report (docs/results/mutation/<method>.md) counts killed and
 surviving mutants; a survivor listed in tests/mutation/<method>.toml as equivalent (same behaviour) or out
-of scope (logging, error text) is left out of the ratio, with its one-line reason shown.
+of scope (logging, error text) is left out of the ratio, with its one-line reason shown. After writing
+tests for the survivors, ``--survivors`` tests only those again (``--report-only`` rewrites the report alone).
 """
 
 from __future__ import annotations
@@ -98,9 +99,14 @@ def _mutmut_config(target: Target, workers: int) -> str:
     ])
 
 
-def run(method: str, workers: int, fresh: bool) -> float:
+def run(method: str, workers: int, fresh: bool, survivors: bool = False) -> float:
+    """One method's mutation run. ``survivors``: test again only the mutants the last run left alive
+    (and that tests/mutation/<method>.toml does not excuse), after new tests were written; mutmut's
+    record of which tests reach which function is dropped so that the new tests are found."""
     target = TARGETS[method]
     work = WORK / method
+    if survivors and not (work / "mutants").exists():
+        raise SystemExit(f"--survivors needs a previous run of {method} (none in {work.relative_to(ROOT)})")
     if fresh or not work.exists():
         _copy_project(work)
     else:  # keep mutmut's cache of verdicts; refresh the sources and tests
@@ -113,7 +119,16 @@ def run(method: str, workers: int, fresh: bool) -> float:
     pyproject.write_text((ROOT / "pyproject.toml").read_text() + _mutmut_config(target, workers))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PFL_SCHEMA_CACHE": "0", "PYTHONHASHSEED": "0"}
     mutmut = [sys.executable, "-m", "mutmut"]
-    subprocess.run([*mutmut, "run", "--max-children", str(workers)], cwd=work, env=env, check=False)
+    names: list[str] = []
+    if survivors:
+        notes = load_annotations(method)
+        before = parse_results(subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env, check=True,
+                                              capture_output=True, text=True).stdout)
+        names = survivors_to_rerun(before, notes)
+        print(f"{method}: re-running {len(names)} surviving mutants")
+        (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+    if names or not survivors:
+        subprocess.run([*mutmut, "run", "--max-children", str(workers), *names], cwd=work, env=env, check=False)
     listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env, check=True,
                              capture_output=True, text=True).stdout
     return write_report(method, parse_results(listing))
@@ -127,6 +142,11 @@ def parse_results(listing: str) -> dict[str, str]:
         if sep and name:
             verdicts[name] = verdict.strip()
     return verdicts
+
+
+def survivors_to_rerun(verdicts: dict[str, str], notes: dict[str, tuple[str, str]]) -> list[str]:
+    """The mutants ``--survivors`` tests again: those left alive and not excused by an annotation."""
+    return sorted(n for n, v in verdicts.items() if v in SURVIVED and n not in notes)
 
 
 def load_annotations(method: str) -> dict[str, tuple[str, str]]:
@@ -200,7 +220,11 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--fresh", action="store_true", help="forget mutmut's cached verdicts")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report from the last run's verdicts")
+    parser.add_argument("--survivors", action="store_true",
+                        help="re-run only the last run's unexcused survivors (after adding tests)")
     args = parser.parse_args(argv)
+    if args.survivors and args.fresh:
+        parser.error("--survivors re-runs the last run's survivors; --fresh forgets them")
     unknown = [m for m in args.methods if m not in TARGETS]
     if unknown:
         parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
@@ -211,7 +235,7 @@ def main(argv=None) -> int:
                                      cwd=WORK / method, check=True, capture_output=True, text=True).stdout
             ratio = write_report(method, parse_results(listing))
         else:
-            ratio = run(method, args.workers, args.fresh)
+            ratio = run(method, args.workers, args.fresh, args.survivors)
         if ratio < TARGET_RATIO:
             below.append(f"{method} {ratio:.3f}")
     if below:
