@@ -8,7 +8,14 @@ included) + ``configure_evaluate`` + ``aggregate_evaluate`` (and round 0 for met
 Building the replies (the network's job) is outside the timed part. Memory is the growth of the
 process's peak RSS during the timed part, so the replies themselves are not counted.
 
-    python -m benchmarks.server_time [--clients 10,100,1000] [--methods fedavg,fedproto] [--out docs/results/server-time]
+``--round R`` times round R instead, after R - 1 untimed rounds with the same kind of replies: a
+server that keeps every client's model (FedAMP) starts with one shared initial model, so its round 1
+is cheaper than the rounds after it. Such rows are labelled "method (round R)". ``--merge`` keeps the
+rows of the existing ``table.csv`` that this run did not measure (each row keeps the command and
+commit it was made by, and ``table.md`` names them), so a few methods can be re-measured alone.
+
+    python -m benchmarks.server_time [--clients 10,100,1000] [--methods fedavg,fedproto] [--round 1] [--merge]
+        [--out docs/results/server-time]
 
 Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder.
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -96,8 +104,19 @@ def fake_reply(strategy, msg, phase: str, rng):
     return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
-def measure(method: str, n: int, extra: dict) -> dict:
-    """One (method, clients) case in this process: seconds per phase and peak-memory growth."""
+def _untimed_round(strategy, server_round: int, rng) -> None:
+    """A whole round (train and evaluate) with the benchmark's replies, before the timed one."""
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    msgs = list(strategy.configure_train(server_round, ArrayRecord(), ConfigRecord(), None))
+    strategy.aggregate_train(server_round, [fake_reply(strategy, m, "train", rng) for m in msgs])
+    msgs = list(strategy.configure_evaluate(server_round, ArrayRecord(), ConfigRecord(), None))
+    strategy.aggregate_evaluate(server_round, [fake_reply(strategy, m, "evaluate", rng) for m in msgs])
+
+
+def measure(method: str, n: int, extra: dict, server_round: int = 1) -> dict:
+    """One (method, clients) case in this process: seconds per phase of round ``server_round`` (the
+    rounds before it untimed) and peak-memory growth."""
     from flwr.app import ArrayRecord, ConfigRecord
     from flwr.supercore.task_identity import TaskIdentity
 
@@ -122,62 +141,116 @@ def measure(method: str, n: int, extra: dict) -> dict:
         strategy.aggregate_prepare_replies(replies)
         times["prepare"] += time.perf_counter() - t
         del replies
+    for earlier in range(1, server_round):
+        _untimed_round(strategy, earlier, rng)
+    if server_round > 1:  # the peak so far is the untimed rounds': start the peak again from the current RSS (Linux)
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cpu = 0.0  # process CPU seconds of the round (on a loaded machine wall time says little)
     t, c = time.perf_counter(), time.process_time()
-    msgs = list(strategy.configure_train(1, arrays, config, None))
+    msgs = list(strategy.configure_train(server_round, arrays, config, None))
     times["configure"], cpu = time.perf_counter() - t, cpu + time.process_time() - c
     replies = [fake_reply(strategy, m, "train", rng) for m in msgs]
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t, c = time.perf_counter(), time.process_time()
-    strategy.aggregate_train(1, replies)
+    strategy.aggregate_train(server_round, replies)
     times["aggregate"], cpu = time.perf_counter() - t, cpu + time.process_time() - c
     del replies, msgs
     t, c = time.perf_counter(), time.process_time()
-    msgs = list(strategy.configure_evaluate(1, arrays, config, None))
+    msgs = list(strategy.configure_evaluate(server_round, arrays, config, None))
     times["evaluate"], cpu = time.perf_counter() - t, cpu + time.process_time() - c
     replies = [fake_reply(strategy, m, "evaluate", rng) for m in msgs]
     t, c = time.perf_counter(), time.process_time()
-    strategy.aggregate_evaluate(1, replies)
+    strategy.aggregate_evaluate(server_round, replies)
     times["evaluate"], cpu = times["evaluate"] + time.perf_counter() - t, cpu + time.process_time() - c
     rss2 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if strategy.dropped:
         raise SystemExit(f"{method}: the benchmark's replies were dropped: {strategy.dropped[:2]}")
-    return {"method": method, "clients": n, **{f"{k}_s": v for k, v in times.items()},
+    return {"method": method, "clients": n, "round": server_round, **{f"{k}_s": v for k, v in times.items()},
             "round_s": times["configure"] + times["aggregate"] + times["evaluate"], "round_cpu_s": cpu,
             "peak_growth_mb": max(rss2 - max(rss0, rss1), 0) / 1024,
-            "sampled": len(strategy.sample_train(1))}
+            "sampled": len(strategy.sample_train(server_round))}
 
 
-def run(methods: list[str], clients: list[int], out: Path, extra: dict) -> list[dict]:
+def run(methods: list[str], clients: list[int], out: Path, extra: dict, server_round: int = 1,
+        made: dict | None = None, merge: bool = False) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for n in clients:
         for method in methods:
-            cmd = [sys.executable, "-m", "benchmarks.server_time", "--one", method, str(n), json.dumps(extra)]
+            cmd = [sys.executable, "-m", "benchmarks.server_time", "--one", method, str(n), json.dumps(extra),
+                   "--round", str(server_round)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"{method} at {n} clients failed:\n{done.stderr[-3000:]}")
-            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row = {**json.loads(done.stdout.strip().splitlines()[-1]), **(made or {})}
             rows.append(row)
             print(f"{method:>10} {n:>5} clients: round {row['round_s']:.3f} s (configure {row['configure_s']:.3f}, "
                   f"aggregate {row['aggregate_s']:.3f}, evaluate {row['evaluate_s']:.3f}, prepare "
                   f"{row['prepare_s']:.3f}; CPU {row['round_cpu_s']:.3f} s), peak +{row['peak_growth_mb']:.0f} MB",
                   flush=True)
+    if merge and (out / "table.csv").exists():
+        measured = {(r["method"], r["clients"], r["round"]) for r in rows}
+        rows = [r for r in read_rows(out / "table.csv") if (r["method"], r["clients"], r["round"]) not in measured] + rows
     write(rows, out)
     return rows
 
 
+FIELDS = ["method", "round", "clients", "sampled", "round_s", "round_cpu_s", "configure_s", "aggregate_s", "evaluate_s",
+          "prepare_s", "peak_growth_mb", "command", "commit"]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a table.csv (one written before rounds, commands and commits were recorded: round 1, no
+    command or commit)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for r in rows:
+        row = {k: float(v) for k, v in r.items() if k not in ("method", "command", "commit") and v not in (None, "")}
+        row.update({"method": r["method"], "clients": int(row["clients"]), "round": int(row.get("round", 1)),
+                    "sampled": int(row["sampled"]), "command": r.get("command") or "", "commit": r.get("commit") or ""})
+        out.append(row)
+    return out
+
+
+def _label(row: dict) -> str:
+    return row["method"] if row.get("round", 1) == 1 else f"{row['method']} (round {row['round']})"
+
+
+def _made_lines(rows: list[dict]) -> list[str]:
+    """Which command at which commit made which rows (several when rows were merged)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        labels = groups.setdefault((r.get("command") or "", r.get("commit") or ""), [])
+        if _label(r) not in labels:
+            labels.append(_label(r))
+    if len(groups) == 1:
+        (command, commit), _ = next(iter(groups.items()))
+        if command:
+            return [f"Made by `{command}` at commit `{commit}`."]
+        return ["Made by `make bench-server` before commands and commits were recorded."]
+    lines = []
+    for (command, commit), labels in groups.items():
+        which = ", ".join(labels)
+        lines.append(f"Rows {which}: made by `{command}` at commit `{commit}`." if command else
+                     f"Rows {which}: made by `make bench-server` before commands and commits were recorded.")
+    return lines
+
+
 def write(rows: list[dict], out: Path) -> None:
-    fields = ["method", "clients", "sampled", "round_s", "round_cpu_s", "configure_s", "aggregate_s", "evaluate_s",
-              "prepare_s", "peak_growth_mb"]
+    fields = FIELDS
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     counts = sorted({r["clients"] for r in rows})
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    by = {(r["method"], r["clients"]): r for r in rows}
-    lines = ["Seconds per round on the server, wall / CPU (configure + aggregate + evaluate; round 0 in brackets "
+    methods = list(dict.fromkeys(_label(r) for r in rows))
+    by = {(_label(r), r["clients"]): r for r in rows}
+    lines = [*_made_lines(rows), "", "Seconds per round on the server, wall / CPU (configure + aggregate + evaluate; round 0 in brackets "
              f"where a method has one) and peak-memory growth, CNN on 28x28, target < {TARGET_S} s at 1,000 clients.",
              "",
              "| method | " + " | ".join(f"{n} clients" for n in counts) + f" | MB at {counts[-1]} |",
@@ -194,7 +267,7 @@ def write(rows: list[dict], out: Path) -> None:
                 cell += f" ({r['prepare_s']:.3f})"
             cells.append(cell)
         last = by.get((m, counts[-1]))
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {last['peak_growth_mb']:.0f} |" if last else " | - |")
+        lines.append(f"| {m} | " + " | ".join(cells) + (f" | {last['peak_growth_mb']:.0f} |" if last else " | - |"))
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib
@@ -222,16 +295,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="", help="comma-separated (default: every registered method)")
     parser.add_argument("--out", type=Path, default=Path("docs/results/server-time"))
     parser.add_argument("--run-config", default="{}", help="extra run-config keys as JSON")
+    parser.add_argument("--round", type=int, default=1, help="time this round, after the ones before it (untimed)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the existing table.csv's rows that this run does not measure")
     parser.add_argument("--one", nargs=3, metavar=("METHOD", "CLIENTS", "EXTRA"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         method, n, extra = args.one
-        print(json.dumps(measure(method, int(n), json.loads(extra))))
+        print(json.dumps(measure(method, int(n), json.loads(extra), args.round)))
         return 0
     from fedcore.registry import REGISTRY
 
+    from server_app.compare import _commit
+
     methods = args.methods.split(",") if args.methods else list(REGISTRY)
-    run(methods, [int(c) for c in args.clients.split(",")], args.out, json.loads(args.run_config))
+    threads = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)
+    command = " ".join([threads, "python -m benchmarks.server_time", *(argv if argv is not None else sys.argv[1:])]).strip()
+    run(methods, [int(c) for c in args.clients.split(",")], args.out, json.loads(args.run_config), args.round,
+        {"command": command, "commit": _commit()}, args.merge)
     print((args.out / "table.md").read_text())
     return 0
 

@@ -16,7 +16,8 @@ cluster by cluster:
    p_i = |D_i| / |D_c| (``weighting = size``, the paper) or 1 / |c| (``uniform``, the authors' code).
 
 Clients train and evaluate their cluster's model (clients/cfl.py). Cosines are computed only for a
-cluster that splits; the criterion itself costs O(n d) (``pairwise``).
+cluster that splits; the criterion itself costs O(n d) (``pairwise``: the weighted means are
+``pairwise.mix`` rows, one pass over the updates).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import numpy as np
 from fedcore import wire
 from fedcore.config import Key
 from fedstrategies import pairwise
-from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.cfl_math import LINKAGES, bipartition, gamma_max, max_cross_similarity, should_split
 
@@ -106,7 +106,7 @@ class CFLStrategy(PersonalizedStrategy):
             rs = by_cluster[c]
             states = [r.arrays[wire.WEIGHTS] for r in rs]
             p = self.weights_of(rs)
-            merged = weighted_average(states, p)
+            merged = pairwise.mix(p[None, :], states)[0]  # theta_c + sum_i p_i dtheta_i = sum_i p_i w_i
             mean_norm = float(np.sqrt(pairwise.squared_norms([merged], minus=theta)[0]))  # ||sum_i p_i dtheta_i||
             max_norm = float(np.sqrt(pairwise.squared_norms(states, minus=theta).max()))  # max_i ||dtheta_i||
             mean_norms.append(mean_norm)
@@ -119,10 +119,11 @@ class CFLStrategy(PersonalizedStrategy):
                 absent = sorted(set(members) - {r.pid for r in rs})
                 parts[0 if len(parts[0]) >= len(parts[1]) else 1] += absent
                 alpha = max_cross_similarity(cos, labels)
+                part_weights = np.zeros((2, len(rs)))  # row k: p_i within part k, 0 outside
                 for k in (0, 1):
-                    chosen = [r for r, lab in zip(rs, labels) if lab == k]
-                    clusters.append(sorted(parts[k]))
-                    models.append(weighted_average([r.arrays[wire.WEIGHTS] for r in chosen], self.weights_of(chosen)))
+                    part_weights[k, labels == k] = self.weights_of([r for r, lab in zip(rs, labels) if lab == k])
+                clusters += [sorted(parts[0]), sorted(parts[1])]
+                models += pairwise.mix(part_weights, states)
                 self.splits.append({"round": server_round, "parts": [sorted(parts[0]), sorted(parts[1])],
                                     "mean-norm": mean_norm, "max-norm": max_norm, "alpha-cross": alpha,
                                     "gamma-max": gamma_max(alpha)})

@@ -60,8 +60,12 @@ class FedAMPStrategy(PersonalizedStrategy):
     def begin_round(self, server_round, pids):
         states = [self.model_of(pid) for pid in pids]
         xi = self.attention(states)
-        clouds = pairwise.mix(xi, states)
-        self._outgoing = {pid: wire.pack_arrays(u) for pid, u in zip(pids, clouds)}
+        clouds = pairwise.mix(xi, states)  # equal clouds (round 1: every client's) are one dict, packed once
+        packed: dict[int, object] = {}
+        for u in clouds:
+            if id(u) not in packed:
+                packed[id(u)] = wire.pack_arrays(u)
+        self._outgoing = {pid: packed[id(u)] for pid, u in zip(pids, clouds)}
         self._metrics = {"self-weight": float(np.diag(xi).mean()), "self-weight-min": float(np.diag(xi).min())}
         if server_round == self.cfg["num-server-rounds"]:
             self.record_matrix("attention", xi)

@@ -58,6 +58,56 @@ def test_gram_distances_cosines_and_norms_equal_explicit_loops(monkeypatch, bloc
     assert np.allclose(pairwise.gram(xs, keys=["b"]), [[a["b"] @ b["b"] for b in xs] for a in xs], rtol=1e-5)
 
 
+@pytest.mark.parametrize("stream_rows", [0, 16])  # matrix products only, or streaming against a few vectors
+def test_vectorised_pairwise_maths_equals_a_plain_loop_over_pairs_with_repeated_states(monkeypatch, stream_rows):
+    """7 clients, two of them passed as the same object as another (FedAMP's clients still at the initial
+    model), against 3 centres: every function equals its per-pair definition in float64."""
+    monkeypatch.setattr(pairwise, "STREAM_ROWS", stream_rows)
+    monkeypatch.setattr(pairwise, "STREAM_BLOCK", 5)  # several partial products per tensor
+    monkeypatch.setattr(pairwise, "BLOCK", 20)
+    rng = np.random.default_rng(7)
+    base = _states(5, rng=rng)
+    xs = [base[0], base[1], base[0], base[2], base[3], base[1], base[4]]
+    ys, m = _states(3, rng=rng), _states(1, rng=rng)[0]
+    fx, fy, fm = [_flat(s) for s in xs], [_flat(s) for s in ys], _flat(m)
+    loop = lambda f, a, b: np.array([[f(u, v) for v in b] for u in a])  # noqa: E731
+    assert np.allclose(pairwise.gram(xs), loop(np.dot, fx, fx), rtol=1e-5)
+    assert np.allclose(pairwise.gram(xs, ys, minus=m), loop(lambda u, v: (u - fm) @ (v - fm), fx, fy), rtol=1e-5, atol=1e-5)
+    assert np.allclose(pairwise.gram(ys, xs, minus=m), loop(lambda u, v: (u - fm) @ (v - fm), fy, fx), rtol=1e-5, atol=1e-5)
+    sq = lambda u, v: np.sum((u - v) ** 2)  # noqa: E731
+    d = pairwise.squared_distances(xs)
+    assert np.allclose(d, loop(sq, fx, fx), rtol=1e-5, atol=1e-5) and d[0, 2] == 0 and d[1, 5] == 0
+    assert np.allclose(pairwise.squared_distances(xs, ys), loop(sq, fx, fy), rtol=1e-5, atol=1e-5)
+    assert np.allclose(pairwise.squared_distances(ys, xs), loop(sq, fy, fx), rtol=1e-5, atol=1e-5)
+    assert np.allclose(pairwise.squared_norms(xs, minus=m), [sq(u, fm) for u in fx], rtol=1e-5)
+    dense = rng.random((7, 7))
+    one_hot = fesem_math.centre_weights(np.array([0, 2, 0, 1, 2, 2, 0]), 4)  # streamed; centre 3 has no member
+    for w in (dense, one_hot, fedamp_weights(d, 1.0, 100.0)):
+        out = pairwise.mix(w, xs)
+        assert len(out) == len(w)
+        for i, row in enumerate(w):
+            expected = sum(row[j] * fx[j] for j in range(7))
+            assert np.allclose(_flat(out[i]), expected, rtol=1e-5, atol=1e-6)
+            assert all(out[i][k].dtype == np.float32 and out[i][k].shape == xs[0][k].shape for k in xs[0])
+
+
+def test_mix_of_one_repeated_state_is_one_cloud_and_counters_follow_the_original_weights():
+    """FedAMP's round 1: every client at the same initial model; the rows sum to 1, so every cloud is that
+    model, computed and returned once. The counter's maximum is over the objects with a non-zero weight."""
+    init = _states(1)[0]
+    init["n"] = np.array(3, dtype=np.int64)
+    other = {**_states(1)[0], "n": np.array(9, dtype=np.int64)}
+    xs = [init] * 6
+    xi = fedamp_weights(pairwise.squared_distances(xs), 1.0, 100.0)
+    assert np.array_equal(pairwise.squared_distances(xs), np.zeros((6, 6)))
+    clouds = pairwise.mix(xi, xs)
+    assert all(c is clouds[0] for c in clouds)
+    assert all(np.allclose(clouds[0][k], init[k], rtol=1e-6) for k in ("a", "b")) and int(clouds[0]["n"]) == 3
+    out = pairwise.mix(np.array([[0.5, 0.5, 0.0], [0.0, 0.0, 1.0], [0.25, 0.25, 0.5]]), [init, init, other])
+    assert int(out[0]["n"]) == 3 and int(out[1]["n"]) == 9 and int(out[2]["n"]) == 9
+    assert np.allclose(out[2]["a"], 0.5 * init["a"] + 0.5 * other["a"], atol=1e-6)
+
+
 def test_small_distances_between_large_models_survive_cancellation():
     big = _states(1, scale=1e3)[0]
     near = [{k: v + np.float32(1e-2) * (i + 1) for k, v in big.items()} for i in range(3)]
@@ -628,3 +678,21 @@ def test_cfl_uses_the_configured_linkage_and_the_absent_join_the_larger_part_and
     ups = _two_group_updates(size) * 2
     metrics = s.aggregate(1, [_reply(s, pid, _shifted(s.initial_weights, u)) for pid, u in enumerate(ups)])
     assert metrics["splits"] == 2 and s.clusters == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+
+
+def test_server_time_merge_keeps_old_rows_and_names_each_rows_command_and_commit(tmp_path):
+    from benchmarks import server_time
+
+    old = {"method": "fedavg", "clients": 10, "sampled": 10, "round_s": 0.1, "round_cpu_s": 0.1, "configure_s": 0.0,
+           "aggregate_s": 0.1, "evaluate_s": 0.0, "prepare_s": 0.0, "peak_growth_mb": 1.0}
+    with open(tmp_path / "table.csv", "w") as f:  # written before rounds, commands and commits were recorded
+        f.write(",".join(old) + "\n" + ",".join(str(v) for v in old.values()) + "\n")
+    rows = server_time.read_rows(tmp_path / "table.csv")
+    assert rows[0]["round"] == 1 and rows[0]["clients"] == 10 and rows[0]["commit"] == ""
+    new = {**old, "method": "fedamp", "round": 2, "command": "python -m benchmarks.server_time --round 2", "commit": "abc"}
+    server_time.write(rows + [new], tmp_path)
+    text = (tmp_path / "table.md").read_text()
+    assert "Rows fedavg: made by `make bench-server` before commands and commits were recorded." in text
+    assert "Rows fedamp (round 2): made by `python -m benchmarks.server_time --round 2` at commit `abc`." in text
+    assert "| fedamp (round 2) | 0.100 / 0.100 | 1 |" in text
+    assert [r["round"] for r in server_time.read_rows(tmp_path / "table.csv")] == [1, 2]
