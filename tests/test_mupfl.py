@@ -1086,3 +1086,111 @@ def test_sample_per_class_takes_the_first_of_each_class_in_the_shuffled_order():
     perm = torch.randperm(60, generator=torch.Generator().manual_seed(21)).tolist()
     expected = [i for c in range(5) for i in [j for j in perm if int(y[j]) == c][:4]]
     assert x[:, 0].long().tolist() == expected and got_y.tolist() == [int(y[i]) for i in expected]
+
+
+# ============================================================================ spec section 12, written out
+
+
+def _cos(u, v):
+    return float(np.dot(u, v) / (np.linalg.norm(u) * np.linalg.norm(v)))
+
+
+def test_dist_at_a_general_alpha_is_eq8_pair_by_pair_and_the_embedding_distance_is_2_1_minus_dist():
+    """Invariant 5 by loops over pairs of raw vectors (not Grams): Dist(i, j) = a cos(dw_i, dw_j) + (1 - a)
+    cos(M_i, M_j) at a = 0.3; the embedding built by hand, [sqrt(a) x/|x|, sqrt(1-a) m/|m|], has
+    |e_i - e_j|^2 = 2 (1 - Dist(i, j)); and so does the k-means point set the code uses."""
+    x, a = _vectors(m=7, p=40, q=9, seed=22)
+    alpha = 0.3
+    got = mm.combined_similarity(x @ x.T, a @ a.T, alpha)
+    e = [np.concatenate([np.sqrt(alpha) * x[i] / np.linalg.norm(x[i]),
+                         np.sqrt(1 - alpha) * a[i] / np.linalg.norm(a[i])]) for i in range(7)]
+    y = mm.gram_embedding(got)
+    for i in range(7):
+        for j in range(7):
+            dist = alpha * _cos(x[i], x[j]) + (1 - alpha) * _cos(a[i], a[j])
+            assert got[i, j] == pytest.approx(dist, abs=1e-12)
+            assert float(np.sum((e[i] - e[j]) ** 2)) == pytest.approx(2 * (1 - dist), abs=1e-12)
+            assert float(np.sum((y[i] - y[j]) ** 2)) == pytest.approx(2 * (1 - dist), abs=1e-9)
+
+
+def _loop_silhouette(d, labels):
+    """Eqs. 9-12 on the dissimilarity d by explicit loops: a(i) = mean d to the own cluster without i,
+    b(i) = min over the other clusters of the mean d, S(i) = (b - a) / max(a, b), 0 for a singleton."""
+    s = []
+    for i in range(len(labels)):
+        own = [j for j in range(len(labels)) if labels[j] == labels[i] and j != i]
+        if not own:
+            s.append(0.0)
+            continue
+        a_i = sum(d[i][j] for j in own) / len(own)
+        b_i = min(sum(d[i][j] for j in range(len(labels)) if labels[j] == c) / sum(1 for lab in labels if lab == c)
+                  for c in set(labels) if c != labels[i])
+        s.append((b_i - a_i) / max(a_i, b_i))
+    return sum(s) / len(s)
+
+
+def test_silhouette_is_eqs_9_12_by_loops_with_singletons_zero_and_the_chosen_count_maximises_it():
+    """Invariant 6 computed without scikit-learn: the loop silhouette on 1 - Dist (Dist pair by pair), for
+    labellings with and without singletons; and the adaptive choice equals the brute-force argmax of the loop
+    silhouette over k = 2..6 of 10-restart k-means++ on the hand-built embedding, ties to the smaller k."""
+    rng = np.random.default_rng(23)
+    centres = 3 * rng.standard_normal((3, 30))
+    x = np.repeat(centres, [4, 3, 3], axis=0) + rng.standard_normal((10, 30))
+    a = rng.random((10, 8))
+    dist = np.array([[0.5 * _cos(x[i], x[j]) + 0.5 * _cos(a[i], a[j]) for j in range(10)] for i in range(10)])
+    d = 1 - dist
+    for labels in ([0, 0, 0, 0, 1, 1, 1, 2, 2, 2], [0, 0, 1, 1, 1, 2, 2, 2, 3, 4], [5, 1, 1, 1, 1, 1, 7, 7, 7, 9]):
+        assert mm.silhouette(mm.dissimilarity(dist), np.array(labels)) == pytest.approx(
+            _loop_silhouette(d, labels), abs=1e-12)
+    e = np.hstack([np.sqrt(0.5) * x / np.linalg.norm(x, axis=1, keepdims=True),
+                   np.sqrt(0.5) * a / np.linalg.norm(a, axis=1, keepdims=True)])
+    brute = {k: _loop_silhouette(d, KMeans(k, init="k-means++", n_init=10, random_state=4).fit_predict(e).tolist())
+             for k in range(2, 7)}
+    got = mm.choose_clusters(mm.combined_similarity(x @ x.T, a @ a.T, 0.5), 2, 6, seed=4)
+    best = max(brute.values())
+    assert got.count == min(k for k, s in brute.items() if s == best)
+    assert got.silhouette == pytest.approx(best, abs=1e-9)
+    assert got.silhouette == pytest.approx(_loop_silhouette(d, got.labels.tolist()), abs=1e-9)
+
+
+@pytest.mark.parametrize("hp", [{"acmu": False}, {"clusters": 6}])
+def test_singleton_clusters_keep_each_clients_own_model_so_the_global_is_fedavg_even_from_pretrained_heads(hp):
+    """Invariant 7 at the strategy: every cluster a singleton (ACMU off, or a fixed count of m = 6) gives
+    w~_i = w_i^(t), so w_glo = sum_i (n_i / n) w_i^(t) (an explicit sum) even when the PKCF start heads differ."""
+    strategy, replies = _strategy_and_replies(pretrained=True, **hp)
+    assert strategy.heads_pretrained(replies) and strategy.cluster(1, replies).count == 6
+    n = [r.num_examples for r in replies]
+    strategy.aggregate(1, replies)
+    for k in strategy.param_keys:
+        fedavg = np.zeros(strategy.global_weights[k].shape)
+        for r, n_i in zip(replies, n):
+            fedavg += n_i / sum(n) * r.arrays["weights"][k].astype(np.float64)
+        assert np.allclose(strategy.global_weights[k], fedavg, atol=1e-6), k
+
+
+def test_class_gradients_are_the_specs_closed_form_by_explicit_loops():
+    """Invariant 8: z^k = mean over the samples of class k of ((softmax(W h + b) - onehot(k)) h^T, softmax - onehot(k)),
+    one sample at a time in numpy float64; for the real samples and for the class-major federated features."""
+    rng = np.random.default_rng(24)
+    K, d = 4, 3
+    W, b = rng.standard_normal((K, d)), rng.standard_normal(K)
+    h, y = rng.standard_normal((9, d)), [2, 0, 2, 3, 0, 2, 3, 3, 2]  # class 1 absent
+
+    def by_hand(h, y):
+        z = np.zeros((K, K * d + K))
+        for k in range(K):
+            rows = [j for j in range(len(y)) if y[j] == k]
+            for j in rows:
+                logits = W @ h[j] + b
+                r = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+                r[k] -= 1.0
+                z[k] += np.concatenate([np.outer(r, h[j]).ravel(), r]) / len(rows)
+        return z
+
+    Wt, bt = torch.from_numpy(W), torch.from_numpy(b)
+    z, present = cg.class_gradients(torch.from_numpy(h), torch.tensor(y), Wt, bt, K)
+    assert present.tolist() == [True, False, True, True]
+    assert np.allclose(z.numpy(), by_hand(h, y), rtol=0, atol=1e-12)
+    H = rng.standard_normal((K * 2, d))
+    zhat = cg.synthetic_class_gradients(torch.from_numpy(H), Wt, bt)
+    assert np.allclose(zhat.numpy(), by_hand(H, [k for k in range(K) for _ in range(2)]), rtol=0, atol=1e-12)

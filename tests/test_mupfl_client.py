@@ -296,3 +296,72 @@ def test_pretraining_is_tau_epochs_of_sgd_on_h_in_its_own_shuffle_stream():
             torch.nn.functional.cross_entropy(head(H[idx]), y[idx]).backward()
             opt.step()
     assert all(torch.allclose(v, model.head.state_dict()[k], atol=1e-6) for k, v in head.state_dict().items())
+
+
+# ============================================================================ spec section 12, written out
+
+
+@pytest.mark.parametrize("sign", ["decrease", "literal"])
+def test_eq6_unrolled_over_sgd_steps_by_explicit_loops_and_each_mask_from_the_map_before_the_batch(sign):
+    """Invariant 4 over 4 real SGD steps, every BAVD layer: M = r^(0) + sum_{l>=1} psi^(l) r^(l), with r^(l) the
+    step's pre-mask activation summed by explicit loops over batch and channels (own hooks, not BAVD's record),
+    psi^(l) = l^(l-1) - l^(l) ("decrease") or its negative ("literal"); and each step's output is h * 1[M >= mean M]
+    of the map as it was before the batch (all kept while the map is zero)."""
+    from clients.mupfl import BAVD
+    from fedcore.models import bavd_sites, build_model
+
+    torch.manual_seed(21)
+    model = build_model("mupflcnn", (1, 8, 8), 10)
+    bavd = BAVD(model, [torch.zeros(8, 8), torch.zeros(4, 4)], 0, 0.0, sign)
+    bavd.recording = True
+    pre, post = {}, {}
+    for i, site in enumerate(bavd_sites(model)):  # gates are identities: the input is h before the mask
+        site.register_forward_pre_hook(lambda _m, inp, i=i: pre.__setitem__(i, inp[0].detach().clone()))
+        site.register_forward_hook(lambda _m, _i, out, i=i: post.__setitem__(i, out.detach().clone()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    expected = [torch.zeros(8, 8, dtype=torch.float64), torch.zeros(4, 4, dtype=torch.float64)]
+    losses = []
+    for step in range(4):
+        before = [m.clone() for m in bavd.maps]
+        x, y = torch.rand(5, 1, 8, 8), torch.randint(0, 10, (5,))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        bavd.after_step(step, loss.detach(), None)
+        losses.append(float(loss.detach()))
+        for i in range(2):
+            h = pre[i]
+            B, C, H, W = h.shape
+            r = torch.zeros(H, W, dtype=torch.float64)
+            for b in range(B):
+                for c in range(C):
+                    r += h[b, c].double()
+            r /= B * C
+            if step == 0:
+                expected[i] = r
+            else:
+                psi = losses[-2] - losses[-1] if sign == "decrease" else losses[-1] - losses[-2]
+                expected[i] = expected[i] + psi * r
+            assert torch.allclose(bavd.maps[i].double(), expected[i], rtol=1e-5, atol=1e-6), (step, i)
+            keep = torch.ones(H, W, dtype=torch.bool) if step == 0 else before[i] >= before[i].mean()
+            assert torch.equal(post[i], h * keep), (step, i)
+            if step > 0:
+                assert not keep.all()  # the mask does drop positions: the check is not vacuous
+    assert bavd.steps == 4 and bavd.previous_loss == losses[-1]
+    bavd.remove()
+
+
+def test_the_upload_has_the_specs_shapes_exactly():
+    """Invariant 10 on a real reply: Z is (K, K*d + K) with a (K,) presence mask, one H x W map per BAVD layer,
+    the start head is the classifier's shape, and the pre-training labels are arange(K).repeat_interleave(m)."""
+    client = _client()
+    content, received = _content(client)
+    upload, _ = client.fit(content)
+    K, d = 10, received.feature_dim
+    grads = wire.unpack_arrays(upload[GRADIENTS])
+    assert grads["z"].shape == (K, K * d + K) and grads["present"].shape == (K,)
+    assert {k: v.shape for k, v in wire.unpack_arrays(upload[MAPS]).items()} == {"0": (8, 8), "1": (4, 4)}
+    assert {k: v.shape for k, v in wire.unpack_arrays(upload[START_HEAD]).items()} == \
+        {"head.weight": (K, d), "head.bias": (K,)}
+    assert cg.synthetic_labels(K, M).tolist() == [k for k in range(K) for _ in range(M)]
