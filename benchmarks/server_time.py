@@ -17,7 +17,9 @@ commit it was made by, and ``table.md`` names them), so a few methods can be re-
     python -m benchmarks.server_time [--clients 10,100,1000] [--methods fedavg,fedproto] [--round 1] [--merge]
         [--out docs/results/server-time]
 
-Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder.
+Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder. For MuPFL the table also has
+a row "mupfl (cosine matrix alone)": the one computation its round cannot avoid, timed alone on the same
+replies (``mupfl_cosine_alone``), with the round's ratio to it under the table.
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ def measure(method: str, n: int, extra: dict, server_round: int = 1) -> dict:
     t, c = time.perf_counter(), time.process_time()
     strategy.aggregate_train(server_round, replies)
     times["aggregate"], cpu = time.perf_counter() - t, cpu + time.process_time() - c
+    cosine_replies = replies if method == "mupfl" else None  # kept for the cosine matrix alone, timed last
     del replies, msgs
     t, c = time.perf_counter(), time.process_time()
     msgs = list(strategy.configure_evaluate(server_round, arrays, config, None))
@@ -169,10 +172,67 @@ def measure(method: str, n: int, extra: dict, server_round: int = 1) -> dict:
     rss2 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if strategy.dropped:
         raise SystemExit(f"{method}: the benchmark's replies were dropped: {strategy.dropped[:2]}")
-    return {"method": method, "clients": n, "round": server_round, **{f"{k}_s": v for k, v in times.items()},
+    cosine = mupfl_cosine_alone(strategy, cosine_replies) if cosine_replies else {}
+    return {**cosine, "method": method, "clients": n, "round": server_round, **{f"{k}_s": v for k, v in times.items()},
             "round_s": times["configure"] + times["aggregate"] + times["evaluate"], "round_cpu_s": cpu,
             "peak_growth_mb": max(rss2 - max(rss0, rss1), 0) / 1024,
             "sampled": len(strategy.sample_train(server_round))}
+
+
+def mupfl_cosine_alone(strategy, messages, repeats: int = 5) -> dict:
+    """What a MuPFL round cannot avoid, timed alone on the round's train replies: the pairwise cosine matrices
+    of the clients' updates dw_i = w_i - w_i^start (every trainable tensor; the start head where the client
+    sent one that differs from the global one, as the strategy reads it) and of their activation maps. The
+    float32 matrices are stacked before the clock starts; the time (median of ``repeats``) is the two Gram
+    products and their normalisation. ``cosine_mb``: the size of the two stacked matrices."""
+    from fedcore import wire
+    from fedcore.contracts.mupfl import MAPS, START_HEAD
+
+    records = [msg.content for msg in messages]
+    keys = strategy.param_keys
+    width = sum(strategy.global_weights[k].size for k in keys)
+    updates = np.empty((len(records), width), np.float32)
+    maps = None
+    for i, content in enumerate(records):
+        weights = wire.unpack_arrays(content[wire.WEIGHTS])
+        heads = wire.unpack_arrays(content[START_HEAD]) if START_HEAD in content else {}
+        updates[i] = np.concatenate([(weights[k] - heads.get(k, strategy.global_weights[k])).reshape(-1) for k in keys])
+        if MAPS in content:
+            row = np.concatenate([v.reshape(-1) for v in wire.unpack_arrays(content[MAPS]).values()])
+            maps = np.empty((len(records), row.size), np.float32) if maps is None else maps
+            maps[i] = row
+
+    def cosines(x):
+        gram = x @ x.T
+        inv = 1.0 / np.sqrt(np.diag(gram))
+        return gram * inv[:, None] * inv[None, :]
+
+    walls, cpus = [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        cosines(updates)
+        if maps is not None:
+            cosines(maps)
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return {"cosine_s": float(np.median(walls)), "cosine_cpu_s": float(np.median(cpus)),
+            "cosine_mb": (updates.nbytes + (maps.nbytes if maps is not None else 0)) / 2**20}
+
+
+def _cosine_notes(by: dict, counts: list[int]) -> list[str]:
+    """Under the table: each method's round against its cosine matrix alone, at the most clients."""
+    notes = []
+    for (label, n), row in by.items():
+        alone = by.get((f"{label} (cosine matrix alone)", n)) if n == counts[-1] else None
+        if alone and alone["round_s"] > 0:
+            notes.append(f"{label} at {n} clients: round / cosine matrix alone = {row['round_s'] / alone['round_s']:.1f} "
+                         f"(wall), {row['round_cpu_s'] / max(alone['round_cpu_s'], 1e-9):.1f} (CPU).")
+    if notes:
+        notes = ["", "The cosine matrix alone: the Gram products of the stacked float32 updates (every trainable "
+                 "tensor) and activation maps of the round's sampled clients and their normalisation, timed by the "
+                 "benchmark on the same replies (median of 5); its MB column is the size of the two stacked "
+                 "matrices.", *notes]
+    return notes
 
 
 def run(methods: list[str], clients: list[int], out: Path, extra: dict, server_round: int = 1,
@@ -188,6 +248,10 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict, server_r
                 raise SystemExit(f"{method} at {n} clients failed:\n{done.stderr[-3000:]}")
             row = {**json.loads(done.stdout.strip().splitlines()[-1]), **(made or {})}
             rows.append(row)
+            if "cosine_s" in row:  # MuPFL: its one unavoidable computation, as a row of its own
+                rows.append({**row, "method": f"{method} (cosine matrix alone)", "round_s": row["cosine_s"],
+                             "round_cpu_s": row["cosine_cpu_s"], "configure_s": 0.0, "aggregate_s": row["cosine_s"],
+                             "evaluate_s": 0.0, "prepare_s": 0.0, "peak_growth_mb": row["cosine_mb"]})
             print(f"{method:>10} {n:>5} clients: round {row['round_s']:.3f} s (configure {row['configure_s']:.3f}, "
                   f"aggregate {row['aggregate_s']:.3f}, evaluate {row['evaluate_s']:.3f}, prepare "
                   f"{row['prepare_s']:.3f}; CPU {row['round_cpu_s']:.3f} s), peak +{row['peak_growth_mb']:.0f} MB",
@@ -268,6 +332,7 @@ def write(rows: list[dict], out: Path) -> None:
             cells.append(cell)
         last = by.get((m, counts[-1]))
         lines.append(f"| {m} | " + " | ".join(cells) + (f" | {last['peak_growth_mb']:.0f} |" if last else " | - |"))
+    lines += _cosine_notes(by, counts)
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib

@@ -95,6 +95,8 @@ class MuPFLStrategy(PersonalizedStrategy):
         self.trained: set[int] = set()  # clients that sent a valid train reply (they keep a model)
         self._packed = None
         self._packed_features = None
+        if self.hp["acmu"]:
+            mm.load_clustering()  # scikit-learn at start-up, not in the first clustered round
 
     # ------------------------------------------------------------------ down
     def _payload(self, with_features: bool) -> dict:

@@ -1194,3 +1194,74 @@ def test_class_gradients_are_the_specs_closed_form_by_explicit_loops():
     H = rng.standard_normal((K * 2, d))
     zhat = cg.synthetic_class_gradients(torch.from_numpy(H), Wt, bt)
     assert np.allclose(zhat.numpy(), by_hand(H, [k for k in range(K) for _ in range(2)]), rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- #27 item 5: the server round's speed-ups
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_match_features_in_place_steps_equal_the_written_out_update_bit_for_bit(optimizer):
+    """#27: the in-place Adam / SGD steps of match_features (one buffer, the spent gradient reused) give the same
+    H, bit for bit, as the step written as one expression with fresh tensors (the moments updated as before), over
+    12 steps at float32."""
+    gen = torch.Generator().manual_seed(31)
+    K, m, d, steps, lr = 4, 6, 7, 12, 0.03
+    weight, bias = torch.randn(K, d, generator=gen) * 0.3, torch.randn(K, generator=gen) * 0.1
+    target = torch.randn(K, K * d + K, generator=gen)
+    reported = torch.tensor([True, False, True, True])
+    H = torch.randn(K * m, d, generator=gen)
+    h = H.clone().requires_grad_(True)
+    m1, m2 = torch.zeros_like(h), torch.zeros_like(h)
+    b1, b2 = ff.ADAM_BETAS
+    for t in range(1, steps + 1):
+        (grad,) = torch.autograd.grad(
+            ff.matching_distance(target, cg.synthetic_class_gradients(h, weight, bias), reported), h)
+        with torch.no_grad():
+            if optimizer == "sgd":
+                h -= lr * grad
+                continue
+            m1.mul_(b1).add_(grad, alpha=1 - b1)
+            m2.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            h -= lr * (m1 / (1 - b1 ** t)) / ((m2 / (1 - b2 ** t)).sqrt() + ff.ADAM_EPS)
+    got = H.clone()
+    before, after = ff.match_features(got, target, reported, weight, bias, steps, lr, optimizer)
+    assert torch.equal(got, h.detach())
+    assert after == ff.mean_distance(target, cg.synthetic_class_gradients(h.detach(), weight, bias), reported)
+    assert before == ff.mean_distance(target, cg.synthetic_class_gradients(H, weight, bias), reported)
+    assert after < before
+
+
+@pytest.mark.parametrize("acmu", [True, False])
+def test_the_strategy_loads_scikit_learn_when_built_with_acmu_on_only(monkeypatch, acmu):
+    """#27: scikit-learn (k-means, silhouette; seconds to import) is imported when the strategy is built with
+    ACMU on, not in its first clustered round; without ACMU nothing clusters and it is not loaded."""
+    calls = []
+    monkeypatch.setattr(mm, "load_clustering", lambda: calls.append(1))
+    _strategy_and_replies(m=3, acmu=acmu)
+    assert calls == ([1] if acmu else [])
+
+
+def test_server_time_times_mupfls_cosine_matrix_on_the_rounds_stacked_updates_and_maps():
+    """#27: the benchmark's "cosine matrix alone" row stacks every sampled client's update (all trainable tensors)
+    and maps: its MB are those two float32 matrices, and the note under the table gives the round's ratio to it."""
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from benchmarks import server_time
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
+    strategy, _ = _strategy_and_replies(m=4)
+    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    rng = np.random.default_rng(0)
+    replies = [server_time.fake_reply(strategy, msg, "train", rng) for msg in msgs]
+    got = server_time.mupfl_cosine_alone(strategy, replies, repeats=3)
+    P = sum(strategy.global_weights[k].size for k in strategy.param_keys)
+    maps = sum(int(np.prod(s)) for s in strategy.map_shapes)
+    assert got["cosine_mb"] == pytest.approx(len(msgs) * (P + maps) * 4 / 2**20)
+    assert got["cosine_s"] > 0 and got["cosine_cpu_s"] >= 0
+    row = {"round_s": 2.0, "round_cpu_s": 1.0}
+    by = {("mupfl", 10): row, ("mupfl (cosine matrix alone)", 10): {"round_s": 0.5, "round_cpu_s": 0.25},
+          ("mupfl", 1): row, ("mupfl (cosine matrix alone)", 1): {"round_s": 1.0, "round_cpu_s": 1.0}}
+    notes = server_time._cosine_notes(by, [1, 10])
+    assert notes[-1] == "mupfl at 10 clients: round / cosine matrix alone = 4.0 (wall), 4.0 (CPU)."
+    assert not any("at 1 clients" in line for line in notes)
