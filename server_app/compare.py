@@ -41,6 +41,7 @@ Preset format::
 
     [paper]                  # optional: the paper's numbers, shown beside ours in the paper's metric
     metric = "client mean"   # or "weighted" / "pooled" (the same here: all clients' test samples together)
+    data = "MNIST"           # optional: the paper's data where it differs from ours (shown in the header)
     values = { fedavg = 88.1, pfedpm = 98.5 }
 
 ``python -m server_app.compare --rerender docs/results/<name>`` rewrites a table.md from its table.csv and
@@ -309,6 +310,8 @@ def check_paper_table(preset: dict, where: str = "preset") -> None:
         return
     if paper.get("metric") not in PAPER_METRICS:
         raise SystemExit(f"{where}: [paper] metric must be one of {', '.join(PAPER_METRICS)}, got {paper.get('metric')!r}")
+    if not isinstance(paper.get("data", ""), str):
+        raise SystemExit(f"{where}: [paper] data must be a string naming the paper's data, got {paper['data']!r}")
     values = paper.get("values", {})
     unknown = sorted(set(values) - set(preset["compare"]["methods"]))
     if unknown:
@@ -355,7 +358,8 @@ def render_table(rows: list[dict], preset: dict, failures: list[str]) -> str:
         key = PAPER_METRICS[paper["metric"]]
         ours = key if all(validated) else OPTIMISTIC[key]
         when = "at best-val round" if all(validated) else "best-of-test, optimistic"
-        paper_cols = [(f"paper ({paper['metric']})", None), (f"ours ({paper['metric']}, {when})", ours)]
+        theirs = f"{paper['data']}, {paper['metric']}" if paper.get("data") else paper["metric"]
+        paper_cols = [(f"paper ({theirs})", None), (f"ours ({paper['metric']}, {when})", ours)]
     lines = [
         f"Setting: {setting}; {spec.get('supernodes', 10)} clients; engine {engine}.",
         provenance(preset),

@@ -162,6 +162,10 @@ def test_the_papers_numbers_sit_beside_ours_in_the_papers_metric():
     assert "| a | 91.50 | 85.00 ± 3.00 |" in text  # ours in the paper's metric: the client mean at best-val round
     assert "| b | - | 85.00 ± 3.00 |" in text
     assert "| 5.00 |" in text  # the client spread, in its own column
+    preset["paper"]["data"] = "CIFAR-10"  # the paper's data, where it is not ours, named in the header
+    header = next(line for line in render_table([{**row, "method": "a"}], preset, []).splitlines()
+                  if line.startswith("| method"))
+    assert "| paper (CIFAR-10, client mean) | ours (client mean, at best-val round) |" in header
 
 
 def test_a_paper_table_with_an_unknown_metric_or_row_is_refused(tmp_path):
@@ -174,6 +178,9 @@ def test_a_paper_table_with_an_unknown_metric_or_row_is_refused(tmp_path):
     (tmp_path / "b.toml").write_text(base + '[paper]\nmetric = "pooled"\nvalues = { fedper = 1.0 }\n')
     with pytest.raises(SystemExit, match="not in the methods list: fedper"):
         load_preset(tmp_path / "b.toml")
+    (tmp_path / "c.toml").write_text(base + '[paper]\nmetric = "pooled"\ndata = 10\nvalues = { fedavg = 1.0 }\n')
+    with pytest.raises(SystemExit, match="data must be a string"):
+        load_preset(tmp_path / "c.toml")
 
 
 def test_make_tables_rebuilds_every_comparison_table_in_docs():
