@@ -24,7 +24,7 @@ CERTS_DIR ?= certs
 SUPERLINK_NAMES ?= localhost,127.0.0.1
 
 .PHONY: install run test bench bench-server deploy-local clean certs deploy-netns docker-setup docker-base \
-	docker-run test-deploy bench-deploy bench-sim readme test-long
+	docker-run test-deploy bench-deploy bench-deploy-rivals bench-sim readme test-long
 
 install: $(STAMP)
 
@@ -110,6 +110,11 @@ test-deploy-smoke: $(STAMP)
 # deployed round vs simulated round, fedavg on mnist5k, 2 and 4 SuperNodes (README table)
 bench-deploy: $(STAMP)
 	$(BIN)/python -m benchmarks.deployed_round --supernodes 2,4 --out docs/results/deployed-round
+
+# every rival in a real deployment (SuperLink + 2 SuperNodes, digits, 2 rounds) and through flwr run (mnist5k,
+# pathological, 20 clients, 3 rounds), one method after another (docs/deployment.md table; about 40 min on 2 cores)
+bench-deploy-rivals: $(STAMP)
+	$(BIN)/python -m benchmarks.deployed_methods --supernodes 2 --flwr-run --out docs/results/deployed-rivals
 
 # flwr run vs the same work sequentially on one thread: fedavg, fedproto, ditto, 20 clients, 50 rounds (README table)
 bench-sim: $(STAMP)

@@ -50,11 +50,13 @@ def _overrides(config: dict) -> str:
     return toml_overrides(config)
 
 
-def _launch(config: dict, workdir: Path, kill_when: Path | None = None) -> tuple[int, str]:
-    """``python -m server_app.launch`` for one run; with ``kill_when``, SIGKILL the simulation
-    process as soon as that file (a checkpoint) exists."""
+def _launch(config: dict, workdir: Path, kill_when: Path | None = None,
+            module: str = "server_app.launch") -> tuple[int, str]:
+    """``python -m server_app.launch`` for one run (``module``: another launcher with the same
+    ``--supernodes`` and ``--run-config``, such as ``server_app.deploy_local``); with ``kill_when``,
+    SIGKILL the simulation process as soon as that file (a checkpoint) exists."""
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", str(config.pop("supernodes")),
+    cmd = [sys.executable, "-m", module, "--supernodes", str(config.pop("supernodes")),
            "--run-config", _overrides(config)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if kill_when is not None:
@@ -107,8 +109,11 @@ def fault_run(method: str, results: Path) -> dict:
     dropped = json.loads((folder / "dropped.json").read_text()) if (folder / "dropped.json").exists() else []
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
     reasons = sorted({_kind(d["reason"]) for d in dropped})
-    return {"method": method, "exit": code, "completed": code == 0 and bool(summary),
-            "dropped": len(dropped), "final_acc": summary.get("final_acc"), "reasons": "; ".join(reasons)}
+    row = {"method": method, "exit": code, "completed": code == 0 and bool(summary),
+           "dropped": len(dropped), "final_acc": summary.get("final_acc"), "reasons": "; ".join(reasons)}
+    if not row["completed"]:  # what went wrong, for the log (not a column of the table)
+        row["output_tail"] = out[-3000:]
+    return row
 
 
 def resume_run(method: str, results: Path, supernodes: int = 4, rounds: int = 4, **overrides) -> dict:
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         resumes.append(resume_run(m, results))
         print(f"resume {m}: {resumes[-1]}", flush=True)
     with open(args.out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, ["method", "exit", "completed", "dropped", "final_acc", "reasons"])
+        w = csv.DictWriter(f, ["method", "exit", "completed", "dropped", "final_acc", "reasons"], extrasaction="ignore")
         w.writeheader()
         w.writerows(faults)
     lines = ["Faults: 6 clients, digits, 4 rounds, 30% of clients faulty every round (kinds: "

@@ -8,8 +8,9 @@ runs ``em-steps`` rounds of stochastic EM on this round's models (``fesem_math``
 assigns each model to its nearest centre by squared L2 distance, the M-step makes each centre the
 mean of its members' models (a centre without members this round keeps its value). The first
 centres are K of the first round's models, drawn at random (Forgy), as the paper initialises the
-centres at random and the authors' code clusters the clients' first local models. Clients evaluate
-their cluster's centre (the authors' code tests the cluster model on each client).
+centres at random and the authors' code clusters the clients' first local models; K is at most the
+number of clients. Clients evaluate their cluster's centre (the authors' code tests the cluster
+model on each client).
 
 Distances to K centres cost O(n K d) and the M-step O(n d): one matrix product each (``pairwise``).
 """
@@ -81,8 +82,14 @@ class FeSEMStrategy(PersonalizedStrategy):
         models = self.centres or [self.initial_weights]
         return max(float(np.sqrt(pairwise.squared_norms([m])[0])) for m in models)
 
+    @property
+    def k(self) -> int:
+        """The number of centres: ``clusters``, but no more than there are clients (a federation of 2
+        clients with K = 3 would otherwise wait for 3 models forever and never train)."""
+        return min(self.hp["clusters"], len(self.clients))
+
     def aggregate(self, server_round, replies):
-        k = self.hp["clusters"]
+        k = self.k
         if self.centres is None and len(replies) < k:
             return {"clusters-used": 0}  # the first centres need K models
         states = [r.arrays[wire.WEIGHTS] for r in replies]

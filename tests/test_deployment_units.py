@@ -202,3 +202,32 @@ def test_the_forking_superexec_asks_for_the_next_task_as_soon_as_a_clientapp_end
     assert poll.delay == 0.01
     os.close(read_end)
     os.close(write_end)
+
+
+def test_deployed_methods_counts_a_run_complete_only_with_exit_0_and_a_summary(tmp_path, monkeypatch):
+    """benchmarks.deployed_methods: a row says "yes" only where the deploy command exited 0 and its
+    ServerApp wrote summary.json; the table names the command each row ran."""
+    import json
+
+    from benchmarks import deployed_methods as dm
+
+    def fake_launch(config, workdir, module):  # what server_app.deploy_local leaves behind
+        assert module == "server_app.deploy_local" and config["supernodes"] == 2 and config["dataset"] == "digits"
+        if config["method"] != "no-summary":
+            folder = tmp_path / config["run-name"]
+            folder.mkdir()
+            (folder / "summary.json").write_text(json.dumps({"rounds": 2, "final_acc": 0.5}))
+        return (1 if config["method"] == "failed" else 0), "log"
+
+    monkeypatch.setattr(dm, "_launch", fake_launch)
+    rows = [{"method": m, "deployed": dm.one_run("server_app.deploy_local", m, 2, {"dataset": "digits"}, tmp_path,
+                                                 f"deployed-{m}")} for m in ("ok", "failed", "no-summary")]
+    assert [r["deployed"]["completed"] for r in rows] == [True, False, False]
+    assert rows[1]["deployed"]["exit"] == 1 and rows[2]["deployed"]["rounds"] == 0
+    table = dm.format_table(rows, dm.command("server_app.deploy_local", 2, "dataset='digits'"), None, "Made by x")
+    assert "| ok | yes | 0 | 2 | 50.0 |" in table and "| failed | NO | 1 | 2 | 50.0 |" in table
+    assert "| no-summary | NO | 0 | 0 | - |" in table
+    assert "--supernodes 2 --run-config \"method='X' dataset='digits'\"" in table
+    dm.write_csv(rows, tmp_path / "table.csv", flwr_run=False)
+    assert (tmp_path / "table.csv").read_text().splitlines()[0] == (
+        "method,deployed_completed,deployed_exit,deployed_rounds,deployed_final_acc,deployed_wall_s")

@@ -550,6 +550,21 @@ def test_fesem_waits_for_k_models_before_its_first_centres():
     assert s.centres is None
 
 
+def test_fesem_with_fewer_clients_than_clusters_makes_one_centre_per_client():
+    """2 clients, K = 3 (a deployment of 2 SuperNodes with the default K): K is capped at the number of
+    clients, so the first round's models become the centres instead of the run waiting forever for a
+    third model and never training (found by benchmarks.deployed_methods: 9% on digits, clusters-used 0)."""
+    s = _strategy("fesem", n=2, clusters=3)
+    size = sum(v.size for v in s.initial_weights.values())
+    models = [_shifted(s.initial_weights, np.full(size, float(pid + 1))) for pid in range(2)]
+    metrics = s.aggregate(1, [_reply(s, pid, m) for pid, m in enumerate(models)])
+    assert s.k == 2 and len(s.centres) == 2 and metrics["clusters-used"] == 2
+    assert sorted(s.assignment.values()) == [0, 1]
+    for pid in range(2):  # each client gets its own model back as its centre
+        sent = _flat(_arrays(_messages(s, 2)[pid], wire.WEIGHTS))
+        assert np.allclose(sent, _flat(models[pid]))
+
+
 def test_fesem_client_lambda_adds_the_proximal_pull_to_the_centre(tmp_path):
     from clients.fesem import FeSEMClient
 
