@@ -214,3 +214,20 @@ def test_the_summary_compares_with_the_best_baseline_in_the_same_metric(tmp_path
     # chosen on validation where there is one: fedavg's higher final accuracy does not count
     assert (row["metric"], row["baseline"], row["ours"], row["base"]) == ("test_acc_at_best_val", "fedavg", 0.91, 0.89)
     assert row["claimed"] == pytest.approx(4.5)
+
+
+def test_the_summary_puts_ours_in_the_papers_metric_where_the_table_has_the_papers_numbers(tmp_path):
+    from benchmarks.summary import summary_rows
+
+    folder = tmp_path / "x-table"
+    folder.mkdir()
+    (folder / "preset.json").write_text(json.dumps({"compare": {"methods": ["fedsac", "fedrep"]},
+                                                    "paper": {"metric": "client mean", "data": "CIFAR-10",
+                                                              "values": {"fedsac": 80.0, "fedrep": 79.0}}}))
+    cols = ("method,final_acc,final_acc_std,test_acc_at_best_val,test_acc_at_best_val_std,"
+            "test_client_acc_mean_at_best_val,test_client_acc_mean_at_best_val_std,seeds\n")
+    # weighted, fedsac wins; client mean, fedrep wins: the row must follow the paper's metric
+    (folder / "table.csv").write_text(cols + "fedsac,0.9,0,0.92,0.01,0.86,0.01,3\nfedrep,0.9,0,0.90,0.01,0.88,0.01,3\n")
+    (row,) = summary_rows(tmp_path)
+    assert (row["metric"], row["ours"], row["base"]) == ("test_client_acc_mean_at_best_val", 0.86, 0.88)
+    assert row["claimed"] == pytest.approx(1.0) and row["paper_metric"] == "client mean"
