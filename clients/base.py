@@ -24,7 +24,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from clients import partition_cache
-from clients.training import LossFn, StepCallback, crop_flip, cross_entropy, train_loop
+from clients.training import (LossFn, StepCallback, class_means, crop_flip, cross_entropy, extract_features,
+                              train_loop)
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import SplitModel, pick_device, seeded_model
@@ -369,6 +370,15 @@ class ClientMethod:
                           epochs=epochs, steps=steps, batch_size=batch_size or self.cfg["batch-size"],
                           optimizer=optimizer, generator=self.env.generator(tag), loss_fn=loss_fn,
                           after_step=after_step, full_batches=full_batches, augment=augment)
+
+    # --- the upload of the feature-exchanging methods (FedProto, FedGH)
+    def class_feature_upload(self, model: SplitModel) -> dict:
+        """The per-class mean body features of the whole training set (eval mode), with their class ids and
+        counts, as the ``wire.CLASS_FEATURES`` record."""
+        ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
+                                         self.data.num_classes)
+        return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
+                                                             counts.cpu().numpy())}
 
     # --- helpers shared by the weight-exchanging methods
     def model_from(self, content: RecordDict, record: str) -> SplitModel:

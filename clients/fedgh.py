@@ -9,7 +9,7 @@ the header it trained is discarded, since the next message's global header repla
 from __future__ import annotations
 
 from clients.base import ClientMethod, EvalResult
-from clients.training import class_means, evaluate_model, extract_features
+from clients.training import evaluate_model
 from fedcore import wire
 from fedcore.contracts.fedgh import GLOBAL_HEAD
 
@@ -26,10 +26,7 @@ class FedGHClient(ClientMethod):
         model = self.model_with_global_head(content)
         loss = self.train(model)
         self.save_model(model)
-        ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
-                                         self.data.num_classes)
-        return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
-                                                             counts.cpu().numpy())}, {wire.TRAIN_LOSS: loss}
+        return self.class_feature_upload(model), {wire.TRAIN_LOSS: loss}
 
     def evaluate(self, content):
         model = self.model_with_global_head(content)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import ClientMethod, EvalResult
-from clients.training import class_means, cross_entropy, evaluate_features, extract_features
+from clients.training import cross_entropy, evaluate_features
 from fedcore import wire
 from fedcore.contracts.fedproto import HAS_PROTOTYPES
 
@@ -47,10 +47,7 @@ class FedProtoClient(ClientMethod):
 
         loss = self.train(model, loss_fn=loss_fn)
         self.save_model(model)
-        ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
-                                         self.data.num_classes)
-        return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
-                                                             counts.cpu().numpy())}, {wire.TRAIN_LOSS: loss}
+        return self.class_feature_upload(model), {wire.TRAIN_LOSS: loss}
 
     def evaluate(self, content):
         model = self.load_model()

@@ -44,6 +44,18 @@ def run_inprocess(tmp_path, num_clients: int = 3, faults=None, **overrides):
     return inprocess.run_inprocess(small_config(tmp_path, **overrides), num_clients, faults=faults)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: one thread is faster and the numbers do not change
+    (a module uses it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def inprocess(tmp_path):
     def _run(num_clients: int = 3, faults=None, **overrides):

@@ -32,13 +32,7 @@ C = 10  # digits and mnist5k classes
 
 
 # ====================================================================== helpers
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models on a shared 2-core machine: one thread is faster and the numbers do not change."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _cfg(tmp_path, **overrides) -> Config:

@@ -19,12 +19,7 @@ from fedstrategies.fedfcd_math import GlobalHead
 from tests.test_fedfcd import C, _client, _known, _pairs, _payload, _replies, _reply, _same, _snapshot, _strategy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _tiny_known(has=(1.0, 1.0, 1.0)) -> GlobalKnowledge:
