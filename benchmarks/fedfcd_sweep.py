@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.sweep_report import mean_std, preamble, summaries
 from server_app.compare import _commit, load_preset, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,41 +44,18 @@ def expand(preset: dict) -> dict:
     return {**preset, "variants": variants, "compare": {**preset["compare"], "methods": methods}}
 
 
-def _summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:
-    paths = [out / "runs" / f"{name}-s{seed}" / "summary.json" for seed in seeds]
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
-
-
-def _mean_std(values: list) -> str:
-    values = [100 * v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{np.mean(values):.2f}" + (f" ± {np.std(values):.2f}" if len(values) > 1 else "")
-
-
 def sweep_table(preset: dict, out: Path, command: str) -> str:
     seeds = preset["compare"].get("seeds", [0])
     rows = []
     for lam, lr in grid(preset):
-        runs = _summaries(out, label(lam, lr), seeds)
+        runs = summaries(out, label(lam, lr), seeds)
         val = [s["best_val_acc"] for s in runs if s.get("best_val_acc") is not None]
         rows.append({"lambda": lam, "lr": lr, "runs": len(runs), "val": float(np.mean(val)) if val else -1.0,
-                     "val_text": _mean_std(val), "rounds": [s.get("best_val_round") for s in runs],
-                     "test": _mean_std([s.get("test_acc_at_best_val") for s in runs])})
+                     "val_text": mean_std(val), "rounds": [s.get("best_val_round") for s in runs],
+                     "test": mean_std([s.get("test_acc_at_best_val") for s in runs])})
     rows.sort(key=lambda r: -r["val"])
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    setting = ", ".join(f"{k}={v}" for k, v in preset["run-config"].items())
     best = rows[0]
-    lines = [
-        f"Made by `{command}` at commit `{commit}`.",
-        f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients; seeds {seeds}.",
-        "Ranked by the best validation accuracy (weighted: all clients' validation samples together; the validation "
-        "split is val-fraction of each client's training data), mean ± std over seeds. The test accuracy (weighted) "
-        "at the best-validation round is shown for information only; it chose nothing.",
-        "",
-        f"**Chosen on validation: lambda = {best['lambda']:g}, lr = {best['lr']:g}**.",
-        "",
+    lines = preamble(preset, command, f"lambda = {best['lambda']:g}, lr = {best['lr']:g}") + [
         "| lambda | lr | best val acc (weighted) | best-val round(s) | test acc at best-val round (weighted) | runs |",
         "|---|---|---|---|---|---|",
     ]

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.sweep_report import mean_std, preamble, summaries
 from server_app.compare import load_preset, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,22 +43,6 @@ def expand(preset: dict) -> dict:
     return {**preset, "variants": variants, "compare": {**preset["compare"], "methods": methods}}
 
 
-def summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:
-    found = []
-    for seed in seeds:
-        path = out / "runs" / f"{name}-s{seed}" / "summary.json"
-        if path.exists():
-            found.append(json.loads(path.read_text()))
-    return found
-
-
-def mean_std(values: list[float]) -> str:
-    values = [100 * v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{np.mean(values):.2f}" + (f" ± {np.std(values):.2f}" if len(values) > 1 else "")
-
-
 def sweep_table(preset: dict, out: Path, command: str) -> str:
     grid, seeds = preset["sweep"], preset["compare"].get("seeds", [0])
     rows = []
@@ -71,19 +54,8 @@ def sweep_table(preset: dict, out: Path, command: str) -> str:
                      "test": mean_std([s.get("test_acc_at_best_val") for s in runs]),
                      "relation": mean_std([s.get("eval_relation_acc_at_best_val") for s in runs])})
     rows.sort(key=lambda r: -r["val"])
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    setting = ", ".join(f"{k}={v}" for k, v in preset["run-config"].items())
     best = rows[0]
-    lines = [
-        f"Made by `{command}` at commit `{commit}`.",
-        f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients; seeds {seeds}.",
-        "Ranked by the best validation accuracy (weighted: all clients' validation samples together; the "
-        "validation split is val-fraction of each client's training data), mean ± std over seeds. The test "
-        "accuracy (weighted) at the best-validation round is shown for information only; it chose nothing.",
-        "",
-        f"**Chosen on validation: reg = {best['reg']}, lambda = {best['lambda']:g}, a = {best['a']:g}**.",
-        "",
+    lines = preamble(preset, command, f"reg = {best['reg']}, lambda = {best['lambda']:g}, a = {best['a']:g}") + [
         "| reg | lambda | a | best val acc (weighted) | best-val round(s) | test acc at best-val round (weighted) "
         "| relation-module test acc at best-val round | runs |",
         "|---|---|---|---|---|---|---|---|",

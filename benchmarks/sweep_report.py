@@ -1,0 +1,44 @@
+"""What the validation sweeps (benchmarks/pfedpm_sweep.py, benchmarks/fedfcd_sweep.py) share: their runs'
+summaries, the mean ± std cell and the lines that open a sweep table (provenance, setting, ranking rule)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:
+    """The summary.json of every finished seed of one sweep point."""
+    paths = [out / "runs" / f"{name}-s{seed}" / "summary.json" for seed in seeds]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+def mean_std(values: list) -> str:
+    """Accuracies in %, mean ± std over the seeds that have a value; "-" when none has."""
+    values = [100 * v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{np.mean(values):.2f}" + (f" ± {np.std(values):.2f}" if len(values) > 1 else "")
+
+
+def preamble(preset: dict, command: str, chosen: str) -> list[str]:
+    """The table's first lines: command and commit, the setting, how rows are ranked, and what was chosen."""
+    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    setting = ", ".join(f"{k}={v}" for k, v in preset["run-config"].items())
+    return [
+        f"Made by `{command}` at commit `{commit}`.",
+        f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients; seeds "
+        f"{preset['compare'].get('seeds', [0])}.",
+        "Ranked by the best validation accuracy (weighted: all clients' validation samples together; the validation "
+        "split is val-fraction of each client's training data), mean ± std over seeds. The test accuracy (weighted) "
+        "at the best-validation round is shown for information only; it chose nothing.",
+        "",
+        f"**Chosen on validation: {chosen}**.",
+        "",
+    ]
