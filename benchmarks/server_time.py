@@ -17,9 +17,11 @@ commit it was made by, and ``table.md`` names them), so a few methods can be re-
     python -m benchmarks.server_time [--clients 10,100,1000] [--methods fedavg,fedproto] [--round 1] [--merge]
         [--out docs/results/server-time]
 
-Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder. For MuPFL the table also has
-a row "mupfl (cosine matrix alone)": the one computation its round cannot avoid, timed alone on the same
-replies (``mupfl_cosine_alone``), with the round's ratio to it under the table.
+Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder. Where a method's round has
+computations no implementation of its rule can avoid, they are timed alone on the same round's data and get rows
+of their own, "method (what alone)", with the round's ratio to them under the table (``UNAVOIDABLE``): MuPFL's
+pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's and HeurFedAMP's two m x m x d matrix
+products (the pairwise Gram matrix of the round's models and the mixing W @ Theta).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -160,7 +163,7 @@ def measure(method: str, n: int, extra: dict, server_round: int = 1) -> dict:
     t, c = time.perf_counter(), time.process_time()
     strategy.aggregate_train(server_round, replies)
     times["aggregate"], cpu = time.perf_counter() - t, cpu + time.process_time() - c
-    cosine_replies = replies if method == "mupfl" else None  # kept for the cosine matrix alone, timed last
+    kept = replies if method in UNAVOIDABLE else None  # for the unavoidable computations alone, timed last
     del replies, msgs
     t, c = time.perf_counter(), time.process_time()
     msgs = list(strategy.configure_evaluate(server_round, arrays, config, None))
@@ -172,8 +175,8 @@ def measure(method: str, n: int, extra: dict, server_round: int = 1) -> dict:
     rss2 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if strategy.dropped:
         raise SystemExit(f"{method}: the benchmark's replies were dropped: {strategy.dropped[:2]}")
-    cosine = mupfl_cosine_alone(strategy, cosine_replies) if cosine_replies else {}
-    return {**cosine, "method": method, "clients": n, "round": server_round, **{f"{k}_s": v for k, v in times.items()},
+    alone = UNAVOIDABLE[method](strategy, kept, server_round) if kept else []
+    return {"alone": alone, "method": method, "clients": n, "round": server_round, **{f"{k}_s": v for k, v in times.items()},
             "round_s": times["configure"] + times["aggregate"] + times["evaluate"], "round_cpu_s": cpu,
             "peak_growth_mb": max(rss2 - max(rss0, rss1), 0) / 1024,
             "sampled": len(strategy.sample_train(server_round))}
@@ -207,31 +210,97 @@ def mupfl_cosine_alone(strategy, messages, repeats: int = 5) -> dict:
         inv = 1.0 / np.sqrt(np.diag(gram))
         return gram * inv[:, None] * inv[None, :]
 
-    walls, cpus = [], []
-    for _ in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        cosines(updates)
-        if maps is not None:
-            cosines(maps)
-        walls.append(time.perf_counter() - t)
-        cpus.append(time.process_time() - c)
-    return {"cosine_s": float(np.median(walls)), "cosine_cpu_s": float(np.median(cpus)),
+    wall, cpu = _timed(lambda: (cosines(updates), maps is not None and cosines(maps)), repeats)
+    return {"cosine_s": wall, "cosine_cpu_s": cpu,
             "cosine_mb": (updates.nbytes + (maps.nbytes if maps is not None else 0)) / 2**20}
 
 
-def _cosine_notes(by: dict, counts: list[int]) -> list[str]:
-    """Under the table: each method's round against its cosine matrix alone, at the most clients."""
+def _timed(fn, repeats: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of ``fn()`` over ``repeats`` calls."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return float(np.median(walls)), float(np.median(cpus))
+
+
+def mupfl_matching_alone(strategy, messages, repeats: int = 3) -> dict:
+    """PKCF's gradient matching on the server (``match-steps`` steps of its optimiser on the K*m x d federated
+    features against the round's averaged class gradients), which the paper's method runs every round whatever
+    the number of clients, timed alone on a copy of the strategy's features (median of ``repeats``)."""
+    import torch
+
+    from fedcore import wire
+    from fedcore.contracts.mupfl import GRADIENTS
+    from fedcore.models import HEAD_PREFIX, one_torch_thread
+    from fedstrategies.federated_features import average_class_gradients, match_features
+
+    z, reported = average_class_gradients(
+        (lambda g: (g["z"], g["present"]))(wire.unpack_arrays(msg.content[GRADIENTS])) for msg in messages)
+    weight, bias = (torch.from_numpy(strategy.global_weights[HEAD_PREFIX + k]) for k in ("weight", "bias"))
+    target, reported = torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported)
+    hp = strategy.hp
+
+    def matching():
+        with one_torch_thread():
+            match_features(torch.from_numpy(strategy.features.copy()), target, reported, weight, bias,
+                           hp["match-steps"], hp["match-lr"], hp["match-optimizer"])
+
+    wall, cpu = _timed(matching, repeats)
+    return {"s": wall, "cpu_s": cpu, "mb": strategy.features.nbytes / 2**20}
+
+
+def mupfl_unavoidable(strategy, messages, server_round: int) -> list[dict]:
+    """MuPFL: its cosine matrices alone, and those plus PKCF's matching (both parts of the paper's rule)."""
+    cos = mupfl_cosine_alone(strategy, messages)
+    rows = [{"what": "cosine matrix", "s": cos["cosine_s"], "cpu_s": cos["cosine_cpu_s"], "mb": cos["cosine_mb"]}]
+    if strategy.hp["pkcf"]:
+        match = mupfl_matching_alone(strategy, messages)
+        rows.append({"what": "cosine matrix + PKCF matching", "s": cos["cosine_s"] + match["s"],
+                     "cpu_s": cos["cosine_cpu_s"] + match["cpu_s"], "mb": cos["cosine_mb"] + match["mb"]})
+    return rows
+
+
+def fedamp_products_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """FedAMP / HeurFedAMP: the two float32 products any exact message passing over m models of d parameters
+    makes, the Gram matrix Theta Theta^T (pairwise distances or cosines) and the mixing W @ Theta, on the models
+    the server holds for the round's clients, stacked before the clock starts (median of ``repeats``)."""
+    from fedstrategies.pairwise import parameter_keys
+
+    states = [strategy.model_of(pid) for pid in strategy.sample_train(server_round)]
+    keys = parameter_keys(states[0])
+    theta = np.stack([np.concatenate([np.asarray(s[k], np.float32).reshape(-1) for k in keys]) for s in states])
+    mixing = np.full((len(states), len(states)), 1.0 / len(states), np.float32)
+    wall, cpu = _timed(lambda: (theta @ theta.T, mixing @ theta), repeats)
+    return [{"what": "Gram + mixing products", "s": wall, "cpu_s": cpu, "mb": theta.nbytes / 2**20}]
+
+
+UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone}
+ALONE = re.compile(r"^(?P<method>\S+) \((?P<what>.+) alone\)$")
+
+
+def _alone_notes(rows: list[dict], counts: list[int]) -> list[str]:
+    """Under the table: each method's round against each of its unavoidable computations alone, at the most
+    clients (a row "method (what alone)" beside the method's row of the same round)."""
+    n = counts[-1]
+    by = {(r["method"], r.get("round", 1)): r for r in rows if r["clients"] == n}
     notes = []
-    for (label, n), row in by.items():
-        alone = by.get((f"{label} (cosine matrix alone)", n)) if n == counts[-1] else None
-        if alone and alone["round_s"] > 0:
-            notes.append(f"{label} at {n} clients: round / cosine matrix alone = {row['round_s'] / alone['round_s']:.1f} "
-                         f"(wall), {row['round_cpu_s'] / max(alone['round_cpu_s'], 1e-9):.1f} (CPU).")
+    for (label, rnd), alone in by.items():
+        match = ALONE.match(label)
+        parent = by.get((match["method"], rnd)) if match else None
+        if parent and alone["round_s"] > 0:
+            notes.append(f"{_label(parent)} at {n} clients: round / {match['what']} alone = "
+                         f"{parent['round_s'] / alone['round_s']:.1f} (wall), "
+                         f"{parent['round_cpu_s'] / max(alone['round_cpu_s'], 1e-9):.1f} (CPU).")
     if notes:
-        notes = ["", "The cosine matrix alone: the Gram products of the stacked float32 updates (every trainable "
-                 "tensor) and activation maps of the round's sampled clients and their normalisation, timed by the "
-                 "benchmark on the same replies (median of 5); its MB column is the size of the two stacked "
-                 "matrices.", *notes]
+        notes = ["", "X alone: a computation no implementation of the method's rule can avoid, timed alone by the "
+                 "benchmark on the same round's data (median of 3-5 calls; MuPFL's cosine matrix: the Gram "
+                 "products of the stacked float32 updates and activation maps of the round's sampled clients and "
+                 "their normalisation; PKCF matching: match-steps steps on the federated features; FedAMP's "
+                 "products: Theta Theta^T and W @ Theta over the round's models); its MB column is the size of the "
+                 "stacked matrices.", *notes]
     return notes
 
 
@@ -247,11 +316,12 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict, server_r
             if done.returncode != 0:
                 raise SystemExit(f"{method} at {n} clients failed:\n{done.stderr[-3000:]}")
             row = {**json.loads(done.stdout.strip().splitlines()[-1]), **(made or {})}
+            alone = row.pop("alone", [])
             rows.append(row)
-            if "cosine_s" in row:  # MuPFL: its one unavoidable computation, as a row of its own
-                rows.append({**row, "method": f"{method} (cosine matrix alone)", "round_s": row["cosine_s"],
-                             "round_cpu_s": row["cosine_cpu_s"], "configure_s": 0.0, "aggregate_s": row["cosine_s"],
-                             "evaluate_s": 0.0, "prepare_s": 0.0, "peak_growth_mb": row["cosine_mb"]})
+            for part in alone:  # the unavoidable computations, each a row of its own
+                rows.append({**row, "method": f"{method} ({part['what']} alone)", "round_s": part["s"],
+                             "round_cpu_s": part["cpu_s"], "configure_s": 0.0, "aggregate_s": part["s"],
+                             "evaluate_s": 0.0, "prepare_s": 0.0, "peak_growth_mb": part["mb"]})
             print(f"{method:>10} {n:>5} clients: round {row['round_s']:.3f} s (configure {row['configure_s']:.3f}, "
                   f"aggregate {row['aggregate_s']:.3f}, evaluate {row['evaluate_s']:.3f}, prepare "
                   f"{row['prepare_s']:.3f}; CPU {row['round_cpu_s']:.3f} s), peak +{row['peak_growth_mb']:.0f} MB",
@@ -332,7 +402,7 @@ def write(rows: list[dict], out: Path) -> None:
             cells.append(cell)
         last = by.get((m, counts[-1]))
         lines.append(f"| {m} | " + " | ".join(cells) + (f" | {last['peak_growth_mb']:.0f} |" if last else " | - |"))
-    lines += _cosine_notes(by, counts)
+    lines += _alone_notes(rows, counts)
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib

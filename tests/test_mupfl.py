@@ -1259,9 +1259,16 @@ def test_server_time_times_mupfls_cosine_matrix_on_the_rounds_stacked_updates_an
     maps = sum(int(np.prod(s)) for s in strategy.map_shapes)
     assert got["cosine_mb"] == pytest.approx(len(msgs) * (P + maps) * 4 / 2**20)
     assert got["cosine_s"] > 0 and got["cosine_cpu_s"] >= 0
-    row = {"round_s": 2.0, "round_cpu_s": 1.0}
-    by = {("mupfl", 10): row, ("mupfl (cosine matrix alone)", 10): {"round_s": 0.5, "round_cpu_s": 0.25},
-          ("mupfl", 1): row, ("mupfl (cosine matrix alone)", 1): {"round_s": 1.0, "round_cpu_s": 1.0}}
-    notes = server_time._cosine_notes(by, [1, 10])
-    assert notes[-1] == "mupfl at 10 clients: round / cosine matrix alone = 4.0 (wall), 4.0 (CPU)."
+    parts = server_time.mupfl_unavoidable(strategy, replies, 1)
+    assert [p["what"] for p in parts] == ["cosine matrix", "cosine matrix + PKCF matching"]
+    assert parts[1]["s"] > parts[0]["s"] > 0
+    assert parts[1]["mb"] == pytest.approx(parts[0]["mb"] + strategy.features.nbytes / 2**20)
+    rows = [{"method": "mupfl", "clients": n, "round": 1, "round_s": 2.0, "round_cpu_s": 1.0} for n in (1, 10)]
+    rows += [{"method": "mupfl (cosine matrix alone)", "clients": 10, "round": 1, "round_s": 0.5, "round_cpu_s": 0.25},
+             {"method": "mupfl (cosine matrix alone)", "clients": 1, "round": 1, "round_s": 1.0, "round_cpu_s": 1.0},
+             {"method": "mupfl (cosine matrix + PKCF matching alone)", "clients": 10, "round": 1, "round_s": 1.6,
+              "round_cpu_s": 0.8}]
+    notes = server_time._alone_notes(rows, [1, 10])
+    assert notes[-2:] == ["mupfl at 10 clients: round / cosine matrix alone = 4.0 (wall), 4.0 (CPU).",
+                          "mupfl at 10 clients: round / cosine matrix + PKCF matching alone = 1.2 (wall), 1.2 (CPU)."]
     assert not any("at 1 clients" in line for line in notes)

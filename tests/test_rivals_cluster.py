@@ -711,3 +711,17 @@ def test_server_time_merge_keeps_old_rows_and_names_each_rows_command_and_commit
     assert "Rows fedamp (round 2): made by `python -m benchmarks.server_time --round 2` at commit `abc`." in text
     assert "| fedamp (round 2) | 0.100 / 0.100 | 1 |" in text
     assert [r["round"] for r in server_time.read_rows(tmp_path / "table.csv")] == [1, 2]
+
+
+@pytest.mark.parametrize("method", ["fedamp", "heurfedamp"])
+def test_server_time_times_fedamps_two_products_on_the_rounds_stacked_models(method):
+    """#32: the benchmark's "Gram + mixing products alone" row stacks the model the server holds for each of the
+    round's clients (every parameter, float32): its MB are that m x d matrix."""
+    from benchmarks import server_time
+
+    strategy = _strategy(method, n=5)
+    (part,) = server_time.UNAVOIDABLE[method](strategy, [], 1)
+    d = sum(v.size for k, v in strategy.initial_weights.items() if pairwise.is_parameter(k))
+    assert part["what"] == "Gram + mixing products"
+    assert part["mb"] == pytest.approx(5 * d * 4 / 2**20)
+    assert part["s"] > 0 and part["cpu_s"] >= 0
