@@ -227,28 +227,15 @@ def _timed(fn, repeats: int) -> tuple[float, float]:
 
 
 def mupfl_matching_alone(strategy, messages, repeats: int = 3) -> dict:
-    """PKCF's gradient matching on the server (``match-steps`` steps of its optimiser on the K*m x d federated
-    features against the round's averaged class gradients), which the paper's method runs every round whatever
-    the number of clients, timed alone on a copy of the strategy's features (median of ``repeats``)."""
-    import torch
-
+    """PKCF's gradient matching on the server (the strategy's own ``matched_features``: ``match-steps`` steps on
+    the K*m x d federated features against the round's averaged class gradients), which the paper's method runs
+    every round whatever the number of clients, timed alone (median of ``repeats``; it changes no state)."""
     from fedcore import wire
     from fedcore.contracts.mupfl import GRADIENTS
-    from fedcore.models import HEAD_PREFIX, one_torch_thread
-    from fedstrategies.federated_features import average_class_gradients, match_features
 
-    z, reported = average_class_gradients(
-        (lambda g: (g["z"], g["present"]))(wire.unpack_arrays(msg.content[GRADIENTS])) for msg in messages)
-    weight, bias = (torch.from_numpy(strategy.global_weights[HEAD_PREFIX + k]) for k in ("weight", "bias"))
-    target, reported = torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported)
-    hp = strategy.hp
-
-    def matching():
-        with one_torch_thread():
-            match_features(torch.from_numpy(strategy.features.copy()), target, reported, weight, bias,
-                           hp["match-steps"], hp["match-lr"], hp["match-optimizer"])
-
-    wall, cpu = _timed(matching, repeats)
+    gradients = [(g["z"], g["present"]) for g in (wire.unpack_arrays(msg.content[GRADIENTS]) for msg in messages)]
+    head = {k: strategy.global_weights[k] for k in strategy.head_keys}
+    wall, cpu = _timed(lambda: strategy.matched_features(gradients, head), repeats)
     return {"s": wall, "cpu_s": cpu, "mb": strategy.features.nbytes / 2**20}
 
 
