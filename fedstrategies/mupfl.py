@@ -216,23 +216,23 @@ class MuPFLStrategy(PersonalizedStrategy):
 
     def match(self, replies, v_ref: dict[str, np.ndarray]) -> dict:
         """PKCF on the server: H moves to match the replies' per-class gradients (``matched_features``)."""
-        features, before, after = self.matched_features(
+        matched = self.matched_features(
             ((r.arrays[GRADIENTS]["z"], r.arrays[GRADIENTS]["present"]) for r in replies), v_ref)
-        if features is None:
+        if matched is None:
             return {"match-loss-before": 0.0, "match-loss": 0.0}
-        self.features = features
+        self.features, before, after = matched
         self.has_features = True
         self._packed_features = None
         return {"match-loss-before": before, "match-loss": after}
 
-    def matched_features(self, gradients, v_ref: dict[str, np.ndarray]) -> tuple[np.ndarray | None, float, float]:
+    def matched_features(self, gradients, v_ref: dict[str, np.ndarray]) -> tuple[np.ndarray, float, float] | None:
         """Average the per-class gradients (Eq. 17) of ``gradients`` ((Z_i, present_i) pairs) and move a copy of
-        H to match them at the head ``v_ref``. Returns (the new H, the distance before, after); None for H when
-        there is nothing to match. Changes no state (the server-time benchmark times it alone)."""
+        H to match them at the head ``v_ref``. Returns (the new H, the distance before, after), or None when there
+        is nothing to match. Changes no state (the server-time benchmark times it alone)."""
         z, reported = average_class_gradients(gradients)
         m = self.hp["features-per-class"]
         if m == 0 or not reported.any():
-            return None, 0.0, 0.0
+            return None
         features = torch.from_numpy(self.features.copy())
         weight, bias = (torch.from_numpy(v_ref[k]) for k in (HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"))
         with one_torch_thread():  # (K*m x d) matrices: threads cost more than they give (fedcore.models)
