@@ -21,7 +21,7 @@ from server_app.compare import PAPER_METRICS, read_table_csv
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_METHODS = ("pfedpm", "fedmcsa", "fedfcd", "mupfl", "fedsac")
 # tables that are not accuracy comparisons of a paper's setting
-LEFT_OUT = {"fedfcd-mnist5k-bytes": "a bytes count over a few rounds", "pfedpm-mnist5k-n4-quick": "a quick check"}
+LEFT_OUT = {"fedfcd-mnist5k-bytes": "a bytes count over a few rounds"}
 
 
 def _baselines() -> set[str]:

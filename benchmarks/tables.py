@@ -13,6 +13,7 @@ stopped. The other tables in docs/results come from their own benchmarks (``make
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import tomllib
@@ -30,6 +31,14 @@ BENCHMARKS = {
     "deployed-round": ["-m", "benchmarks.deployed_round", "--supernodes", "2,4", "--out", "docs/results/deployed-round"],
 }
 
+# presets whose folder holds more than the comparison writes (a grid's ranking, a traffic table): the module that
+# runs the preset and writes those too, called with the preset and --reuse like server_app.compare
+BUILDERS = {
+    "pfedpm-digits-sweep": "benchmarks.pfedpm_sweep",  # + the [sweep] grid's rows and sweep.md
+    "fedfcd-mnist5k-sweep": "benchmarks.fedfcd_sweep",  # + the [sweep] grid's rows and sweep.md
+    "fedfcd-mnist5k-bytes": "benchmarks.fedfcd_bytes",  # + traffic.md
+}
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -42,6 +51,11 @@ class Preset:
     def name(self) -> str:
         return self.path.stem
 
+    @property
+    def builder(self) -> str:
+        """The module that rebuilds this preset's folder."""
+        return BUILDERS.get(self.name, "server_app.compare")
+
 
 def presets(root: Path = ROOT) -> list[Preset]:
     """Every preset whose table lands in docs/results, in file-name order."""
@@ -53,8 +67,9 @@ def presets(root: Path = ROOT) -> list[Preset]:
         if not output.startswith("docs/results/"):
             continue
         own_rows = [m for m in compare.get("methods", []) if "runs-of" not in data.get("variants", {}).get(m, {})]
+        grid_points = math.prod(len(values) for values in data["sweep"].values()) if "sweep" in data else 0
         found.append(Preset(path, output, data.get("run-config", {}).get("dataset", "mnist5k"),
-                            len(own_rows) * len(compare.get("seeds", [0]))))
+                            (len(own_rows) + grid_points) * len(compare.get("seeds", [0]))))
     return found
 
 
@@ -78,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [p for p in presets() if not wanted or any(w in p.name for w in wanted)]
     for p in chosen:
         state = "ready" if available(p) else f"skipped: {p.dataset} is not embedded and not downloaded here"
-        print(f"{p.name:40s} {p.runs:4d} runs  -> {p.output}  ({state})")
+        print(f"{p.name:40s} {p.runs:4d} runs  -> {p.output}  ({state}; {p.builder})")
     if args.list:
         return 0
     failed = []
@@ -86,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if not available(p):
             continue
         print(f"== {p.name}", flush=True)
-        rc = subprocess.run([sys.executable, "-m", "server_app.compare", str(p.path.relative_to(ROOT)), "--reuse"],
+        rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), "--reuse"],
                             cwd=ROOT).returncode
         if rc:
             failed.append(p.name)

@@ -24,11 +24,10 @@ VARIANTS: dict[str, dict[str, object]] = {
 }
 DEFAULT_VARIANT = "authors-code"  # reproduces the paper's Synthetic result best, on validation (docs/papers/fedmcsa.md)
 def resolve_options(cfg) -> dict:
-    """The method's options with every "auto" one taken from ``fedmcsa.variant``, plus ``weight-decay``: the
-    variant's when the common key ``weight-decay`` was left at "auto", else the run config's."""
+    """The method's options with every "auto" one taken from ``fedmcsa.variant``, plus ``weight-decay``, which the
+    run config already holds resolved: the variant's when left at "auto" (``fedcore.paper_settings.resolve_auto``)."""
     hp = cfg.hparams()
     preset = VARIANTS[hp["variant"]]
     options = {k: preset[k] if v == AUTO else v for k, v in hp.items()}
-    left_auto = "weight-decay" in getattr(cfg, "auto_sources", {})
-    options["weight-decay"] = preset["weight-decay"] if left_auto else cfg["weight-decay"]
+    options["weight-decay"] = cfg["weight-decay"]
     return options

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedcore.fedmcsa_variants import DEFAULT_VARIANT as FEDMCSA_DEFAULT_VARIANT
+from fedcore.fedmcsa_variants import VARIANTS as FEDMCSA_VARIANTS
+
 AUTO = "auto"
 
 # The keys this table may set, with the value each takes where no method entry says otherwise. ``model`` has no
@@ -54,9 +57,10 @@ PAPER_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # FedMCSA (Guo et al. 2023), Table of hyperparameters: eta 0.02, batch 20, R = 20 local steps, no momentum,
     # MLR on Synthetic. fraction-train stays 1.0: FedMCSA samples its S clients itself (fedmcsa.clients-per-round)
-    # and every client trains each round (Alg. 1); weight decay comes from fedmcsa.variant (fedstrategies/fedmcsa.py)
+    # and every client trains each round (Alg. 1); weight decay comes from fedmcsa.variant (fedcore/fedmcsa_variants.py)
     "fedmcsa": {
-        "*": {"lr": 0.02, "momentum": 0.0, "batch-size": 20, "local-steps": 20, "fraction-train": 1.0},
+        "*": {"lr": 0.02, "momentum": 0.0, "batch-size": 20, "local-steps": 20, "fraction-train": 1.0,
+              "weight-decay": FEDMCSA_VARIANTS[FEDMCSA_DEFAULT_VARIANT]["weight-decay"]},  # another variant: its own
         **_model("mlr", "synthetic", "mnist5k", "mnist", "fmnist", "cifar10"),
     },
     # FedFCD (Li, Wang, Wang 2024), spec sections 2 and 8: client lrs eta_f = eta_phi_i = 0.01, plain SGD; batch 10
@@ -145,6 +149,8 @@ def resolve_auto(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     ``model`` stays ``"auto"`` when the method names no model for the dataset (resolved later from the input shape).
     """
     setting = paper_setting(values["method"], values["dataset"])
+    if values["method"] == "fedmcsa":  # its weight decay is one of the options its variant names
+        setting["weight-decay"] = FEDMCSA_VARIANTS[values.get("fedmcsa.variant", FEDMCSA_DEFAULT_VARIANT)]["weight-decay"]
     # local-steps > 0 replaces epochs: a budget the user gives in one unit is not overridden by the paper's other one
     if values.get("local-epochs") != AUTO and values.get("local-steps") == AUTO:
         setting.pop("local-steps", None)

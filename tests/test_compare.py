@@ -192,6 +192,26 @@ def test_make_tables_rebuilds_every_comparison_table_in_docs():
         assert f"docs/results/{table.parent.name}" in outputs, table.parent.name
 
 
+def test_make_tables_rebuilds_a_grid_or_traffic_preset_with_its_own_builder():
+    """A preset with a [sweep] grid, or a folder with more than the comparison writes, is rebuilt by the module
+    that writes all of it: server_app.compare alone would drop the grid's rows and sweep.md."""
+    import importlib
+    import tomllib
+
+    from benchmarks.tables import BUILDERS, presets
+
+    found = {p.name: p for p in presets()}
+    for name, module in BUILDERS.items():
+        assert name in found, f"BUILDERS names {name}, which is no preset"
+        assert found[name].builder == module and callable(importlib.import_module(module).main)
+    for p in found.values():
+        extra = {f.name for f in (ROOT / p.output).glob("*.md")} - {"table.md"}
+        if "sweep" in tomllib.loads(p.path.read_text()) or extra:
+            assert p.builder != "server_app.compare", f"{p.name} ({sorted(extra)}) needs a builder in BUILDERS"
+    sweep = found["pfedpm-digits-sweep"]
+    assert sweep.runs == 12, "its 12 grid points, one seed"
+
+
 def test_the_readme_summary_is_built_from_the_current_docs_tables():
     from benchmarks.summary import ROOT, render, summary_rows
 

@@ -241,6 +241,18 @@ def test_an_option_set_alone_wins_over_the_variant():
                                    "fedmcsa.lambda": 5.0}))["lambda"] == 5.0
 
 
+@pytest.mark.parametrize("variant, decay", [("paper", 0.0), ("authors-code", 0.001), ("spec", 0.0)])
+def test_the_resolved_run_config_holds_the_weight_decay_the_clients_train_with(variant, decay):
+    """config.json (the resolved config) says what each client uses: the variant's weight decay where left at
+    auto, named as fedmcsa's paper setting; a value given wins and is not "auto"."""
+    cfg = _cfg(**{"fedmcsa.variant": variant})
+    assert cfg["weight-decay"] == decay == resolve_options(cfg)["weight-decay"]
+    assert cfg.auto_sources["weight-decay"] == "fedmcsa's paper setting"
+    given = _cfg(**{"fedmcsa.variant": variant, "weight-decay": 0.005})
+    assert given["weight-decay"] == 0.005 == resolve_options(given)["weight-decay"]
+    assert "weight-decay" not in given.auto_sources
+
+
 def test_bad_variant_and_option_values_are_config_errors_naming_the_key():
     with pytest.raises(ConfigError, match="fedmcsa.variant.*paper, authors-code, spec"):
         _cfg(**{"fedmcsa.variant": "code"})
