@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_METHODS = ("pfedpm", "fedmcsa", "fedfcd", "mupfl", "fedsac")
 # tables that are not accuracy comparisons of a paper's setting
 LEFT_OUT = {"fedfcd-mnist5k-bytes": "a bytes count over a few rounds",
-            "fedmcsa-synthetic-n20-t400": "a one-seed diagnostic: the acceptance check run 8 times longer",
+            "fedmcsa-synthetic-n20-t400": "a diagnostic: the acceptance check run 8 times longer",
             "fedmcsa-synthetic-dnn-options": "FedMCSA's options one at a time, no baselines"}
 
 

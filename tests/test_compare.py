@@ -209,7 +209,7 @@ def test_make_tables_rebuilds_a_grid_or_traffic_preset_with_its_own_builder():
         if "sweep" in tomllib.loads(p.path.read_text()) or extra:
             assert p.builder != "server_app.compare", f"{p.name} ({sorted(extra)}) needs a builder in BUILDERS"
     sweep = found["pfedpm-digits-sweep"]
-    assert sweep.runs == 12, "its 12 grid points, one seed"
+    assert sweep.runs == 36, "its 12 grid points, 3 seeds"
 
 
 def test_the_readme_summary_is_built_from_the_current_docs_tables():
