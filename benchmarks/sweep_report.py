@@ -4,12 +4,11 @@ summaries, the mean ± std cell and the lines that open a sweep table (provenanc
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from server_app.compare import _commit, pct_cell
 
 
 def summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:
@@ -19,20 +18,19 @@ def summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:
 
 
 def mean_std(values: list) -> str:
-    """Accuracies in %, mean ± std over the seeds that have a value; "-" when none has."""
-    values = [100 * v for v in values if v is not None]
+    """Accuracies (fractions) as one %-cell over the seeds that have a value (``compare.pct_cell``: no ± for one
+    seed, "± <0.01" where seeds agree); "-" when none has."""
+    values = [v for v in values if v is not None]
     if not values:
         return "-"
-    return f"{np.mean(values):.2f}" + (f" ± {np.std(values):.2f}" if len(values) > 1 else "")
+    return pct_cell(float(np.mean(values)), float(np.std(values)), one_seed=len(values) == 1)
 
 
 def preamble(preset: dict, command: str, chosen: str) -> list[str]:
     """The table's first lines: command and commit, the setting, how rows are ranked, and what was chosen."""
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     setting = ", ".join(f"{k}={v}" for k, v in preset["run-config"].items())
     return [
-        f"Made by `{command}` at commit `{commit}`.",
+        f"Made by `{command}` at commit `{_commit()}`.",
         f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients; seeds "
         f"{preset['compare'].get('seeds', [0])}.",
         "Ranked by the best validation accuracy (weighted: all clients' validation samples together; the validation "

@@ -150,7 +150,8 @@ def resolve_auto(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     """
     setting = paper_setting(values["method"], values["dataset"])
     if values["method"] == "fedmcsa":  # its weight decay is one of the options its variant names
-        setting["weight-decay"] = FEDMCSA_VARIANTS[values.get("fedmcsa.variant", FEDMCSA_DEFAULT_VARIANT)]["weight-decay"]
+        variant = values.get("fedmcsa.variant", FEDMCSA_DEFAULT_VARIANT)
+        setting["weight-decay"] = FEDMCSA_VARIANTS[variant]["weight-decay"]
     # local-steps > 0 replaces epochs: a budget the user gives in one unit is not overridden by the paper's other one
     if values.get("local-epochs") != AUTO and values.get("local-steps") == AUTO:
         setting.pop("local-steps", None)
