@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from benchmarks.reliability import ROOT, _launch
-from server_app import flower_cli as fc
-from server_app.compare import _commit
+from runner import flower_cli as fc
+from runner.compare import _commit
 
 RIVALS = "fedgh,fedrod,gpfl,creff,fedamp,heurfedamp,cfl,fesem,pfedgraph,per-fedavg,pfedme,l2gd,fednova"
 DEPLOY_CONFIG = "dataset='digits' num-server-rounds=2"

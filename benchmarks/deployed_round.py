@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from server_app import flower_cli as fc
-from server_app.deploy_local import deploy
-from server_app.launch import simulate
+from runner import flower_cli as fc
+from runner.deploy_local import deploy
+from runner.launch import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("simulation", "deployed (Flower)", "deployed (fast)")

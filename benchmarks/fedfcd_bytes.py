@@ -17,7 +17,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from server_app.compare import _commit, entries, load_preset, run_all
+from runner.compare import _commit, entries, load_preset, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 

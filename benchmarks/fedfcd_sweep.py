@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.sweep_report import mean_std, preamble, summaries
-from server_app.compare import _commit, load_preset, run_all
+from runner.compare import _commit, load_preset, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -70,7 +70,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", default="results/fedsac-self-weight")
     args = parser.parse_args(argv)
-    from server_app.inprocess import run_inprocess
+    from runner.inprocess import run_inprocess
 
     from fedcore.config import Config
     from fedstrategies.fedsac_math import alpha_at

@@ -45,7 +45,7 @@ def _kind(reason: str) -> str:
 
 
 def _overrides(config: dict) -> str:
-    from server_app.flower_cli import toml_overrides
+    from runner.flower_cli import toml_overrides
 
     return toml_overrides(config)
 

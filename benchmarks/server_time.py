@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from fedcore.registry import REGISTRY
 
-    from server_app.compare import _commit
+    from runner.compare import _commit
 
     methods = args.methods.split(",") if args.methods else list(REGISTRY)
     threads = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from server_app.launch import auto_gpu_share, simulate
+from runner.launch import auto_gpu_share, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ import json, sys, time
 t0 = time.time()
 import torch
 torch.set_num_threads(1)
-from server_app.inprocess import run_inprocess
+from runner.inprocess import run_inprocess
 config, clients = json.loads(sys.argv[1]), int(sys.argv[2])
 summary, _ = run_inprocess(config, clients)
 print(json.dumps({"results_dir": summary["results_dir"], "wall_s": time.time() - t0}))

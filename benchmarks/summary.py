@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from server_app.compare import PAPER_METRICS, read_table_csv
+from runner.compare import PAPER_METRICS, read_table_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_METHODS = ("pfedpm", "fedmcsa", "fedfcd", "mupfl", "fedsac")

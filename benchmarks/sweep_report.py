@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server_app.compare import _commit, pct_cell
+from runner.compare import _commit, pct_cell
 
 
 def summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:

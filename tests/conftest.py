@@ -39,7 +39,7 @@ def small_config(tmp_path, **overrides) -> dict:
 def run_inprocess(tmp_path, num_clients: int = 3, faults=None, **overrides):
     """Run the real ServerApp loop against the real ClientApp, in this process (messages and client
     state serialised between calls, as in the real runtimes)."""
-    from server_app import inprocess
+    from runner import inprocess
 
     return inprocess.run_inprocess(small_config(tmp_path, **overrides), num_clients, faults=faults)
 

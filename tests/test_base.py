@@ -16,7 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from fedcore import wire
 from fedcore.config import Config, ConfigError
 from fedcore.registry import REGISTRY, Method
-from server_app.inprocess import InProcessGrid, run_inprocess
+from runner.inprocess import InProcessGrid, run_inprocess
 from tests.conftest import small_config
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import Config
-from server_app.compare import Entry, aggregate_row, entries, load_preset, plot_curves, run_all, write_table
+from runner.compare import Entry, aggregate_row, entries, load_preset, plot_curves, run_all, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_variants_have_labels_options_and_rows_read_from_other_runs():
 
 def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path):
     """engine = "inprocess": the same ServerApp and ClientApp in worker processes, table and curves written."""
-    from server_app.compare import run_all
+    from runner.compare import run_all
 
     preset = {"compare": {"methods": ["local", "fedavg-strong"], "seeds": [0], "supernodes": 3,
                           "output": str(tmp_path / "cmp"), "engine": "inprocess", "jobs": 2},
@@ -139,7 +139,7 @@ def _result_tables():
 def test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv(table):
     """A table in docs/ whose columns or headers the current code no longer writes fails here; rebuild it with
     its preset, or `python -m server_app.compare --rerender docs/results/<name>` where only the layout changed."""
-    from server_app.compare import _footer_failures, read_table_csv, render_table
+    from runner.compare import _footer_failures, read_table_csv, render_table
 
     preset = json.loads((table.parent / "preset.json").read_text())
     rendered = render_table(read_table_csv(table.parent / "table.csv"), preset, _footer_failures(table))
@@ -147,7 +147,7 @@ def test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_it
 
 
 def test_the_papers_numbers_sit_beside_ours_in_the_papers_metric():
-    from server_app.compare import render_table
+    from runner.compare import render_table
 
     preset = {"compare": {"methods": ["a", "b"], "seeds": [0, 1]}, "run-config": {"dataset": "digits"},
               "paper": {"metric": "client mean", "values": {"a": 91.5}}}
@@ -169,7 +169,7 @@ def test_the_papers_numbers_sit_beside_ours_in_the_papers_metric():
 
 
 def test_a_paper_table_with_an_unknown_metric_or_row_is_refused(tmp_path):
-    from server_app.compare import load_preset
+    from runner.compare import load_preset
 
     base = '[compare]\nmethods = ["fedavg"]\n[run-config]\ndataset = "digits"\n'
     (tmp_path / "a.toml").write_text(base + '[paper]\nmetric = "best"\nvalues = { fedavg = 1.0 }\n')

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from server_app import docker_stack, netns
-from server_app.deploy_local import deploy
-from server_app.launch import simulate
+from runner import docker_stack, netns
+from runner.deploy_local import deploy
+from runner.launch import simulate
 from tests.test_launch import _flower_processes, _gone
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from server_app import certs
-from server_app import flower_cli as fc
-from server_app.deploy_local import LocalDeployment, deploy
+from runner import certs
+from runner import flower_cli as fc
+from runner.deploy_local import LocalDeployment, deploy
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.deploy

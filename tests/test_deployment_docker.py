@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from server_app import docker_stack
+from runner import docker_stack
 
 pytestmark = [pytest.mark.long, pytest.mark.docker, pytest.mark.deploy]
 

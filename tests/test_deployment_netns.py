@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server_app import netns
+from runner import netns
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.long, pytest.mark.netns, pytest.mark.deploy]

@@ -15,7 +15,7 @@ from flwr.app.error import Error
 from clients.app import app as client_app
 from fedcore.config import Config
 from server_app.app import run_experiment
-from server_app.inprocess import InProcessGrid
+from runner.inprocess import InProcessGrid
 from tests.conftest import small_config
 
 

@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 
 from clients import base, partition_cache
 from fedcore.config import Config
-from server_app import certs, fast_runtime
+from runner import certs
+from server_app import fast_runtime
 
 
 def test_certificates_chain_to_the_ca_with_the_right_names_and_private_keys_stay_private(tmp_path):

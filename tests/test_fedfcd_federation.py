@@ -170,7 +170,7 @@ def test_own_gfr_rows_give_the_same_run_with_fewer_bytes_down(federation, tmp_pa
 @pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_smoke(tmp_path):
     """The real Ray simulation: 2 SuperNodes, 2 rounds on digits, judged by `flwr ls`."""
-    from server_app.launch import simulate
+    from runner.launch import simulate
 
     config = {"method": "fedfcd", "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path),
               "run-name": "smoke"}

@@ -65,7 +65,7 @@ def test_majority_predicts_each_clients_most_frequent_training_label(inprocess, 
 
 @pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_smoke(tmp_path):
-    from server_app.launch import simulate
+    from runner.launch import simulate
 
     result = simulate({"method": "fedmcsa", "dataset": "digits", "model": "mlr", "num-server-rounds": 2,
                        "local-steps": 5, "fedmcsa.clients-per-round": 1, "results-dir": str(tmp_path),

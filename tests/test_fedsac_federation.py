@@ -143,7 +143,7 @@ def test_options_run_end_to_end(inprocess):
 @pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_smoke(tmp_path):
     """A real ``flwr run`` on the Ray simulation engine: 2 SuperNodes, 2 rounds, digits."""
-    from server_app.launch import simulate
+    from runner.launch import simulate
 
     config = {**FAST, "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path), "run-name": "fedsac"}
     result = simulate(config, supernodes=2, app_dir=ROOT, stream=False, timeout=600, flwr_home=tmp_path / "home")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server_app import flower_cli as fc
+from runner import flower_cli as fc
 
 ROOT = Path(__file__).resolve().parents[1]
 UNAVAILABLE = "Connection to the SuperLink is unavailable"

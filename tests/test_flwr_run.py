@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server_app.launch import simulate
+from runner.launch import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_flwr_run_smoke_keeps_client_state_and_equals_the_inprocess_engine(tmp_p
     assert result["status"] == "finished:completed", result
     rows = _rounds(tmp_path, "smoke")
     assert [r["state_round_min"] for r in rows] == ["0", "1"] and [r["state_lost"] for r in rows] == ["0", "0"]
-    from server_app.inprocess import run_inprocess
+    from runner.inprocess import run_inprocess
 
     config = {"method": "ditto", "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path),
               "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0}
@@ -59,7 +59,7 @@ def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_
     assert same, (rows["a"], rows["b"])
     assert [r["train_loss"] for r in rows["a"]] != [r["train_loss"] for r in rows["c"]]
     # the in-process engine (comparison presets with engine = "inprocess") gives the very same numbers
-    from server_app.inprocess import run_inprocess
+    from runner.inprocess import run_inprocess
 
     config = {"method": "ditto", "dataset": "digits", "num-server-rounds": 3, "results-dir": str(tmp_path),
               "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0}

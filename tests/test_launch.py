@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import Config, ConfigError
-from server_app import flower_cli as fc
-from server_app.launch import main, simulate
+from runner import flower_cli as fc
+from runner.launch import main, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ def test_the_staged_app_builds_the_fab_flower_builds_from_the_checkout(tmp_path)
     from flwr.cli.build import build_fab_from_files
     from flwr.cli.utils import collect_files
 
-    from server_app.staged_app import app_files, stage_app
+    from runner.staged_app import app_files, stage_app
 
     app = tmp_path / "app"
     shutil.copytree(ROOT, app, ignore=shutil.ignore_patterns(".venv", ".git", "results", "__pycache__", "docs"))
@@ -153,7 +153,7 @@ def test_the_staged_app_builds_the_fab_flower_builds_from_the_checkout(tmp_path)
 def test_waiting_for_a_run_asks_flwr_ls_only_when_the_simulation_process_is_gone(monkeypatch):
     """Each ``flwr ls`` is a new interpreter (about 1 s of CPU): while flwr-simulation runs it is
     asked every LS_EVERY_S seconds at most, and again as soon as the process has gone."""
-    from server_app import launch
+    from runner import launch
 
     clock = [0.0]
     monkeypatch.setattr(fc.time, "monotonic", lambda: clock[0])
@@ -215,7 +215,7 @@ def test_vce_wakeup_wakes_flowers_message_mover_and_keeps_its_stop():
 def test_a_ray_head_gets_distinct_ports_that_avoid_the_superlinks(tmp_path):
     """Ports picked one at a time could repeat; ``ray start`` then refused to start ("trying to use a
     port number ... used by other components") and the simulation waited for a head that never came."""
-    from server_app.ray_head import PORT_FLAGS, RayHead
+    from runner.ray_head import PORT_FLAGS, RayHead
 
     ports = fc.free_ports(200, exclude=(1234,))
     assert len(set(ports)) == 200 and 1234 not in ports
@@ -230,7 +230,7 @@ def test_a_ray_head_gets_distinct_ports_that_avoid_the_superlinks(tmp_path):
 def test_waiting_for_a_run_does_not_ask_flwr_ls_while_the_run_is_starting(monkeypatch):
     """Before the run's process appears (the start-up), ``flwr ls`` (1 s of CPU each) is asked at
     most every START_LS_EVERY_S seconds; a run that never gets a process is still found finished."""
-    from server_app import launch
+    from runner import launch
 
     clock = [0.0]
     monkeypatch.setattr(fc.time, "monotonic", lambda: clock[0])
@@ -274,7 +274,7 @@ def test_a_ray_head_that_dies_ends_the_launch_with_its_reason(tmp_path, monkeypa
     waiting for ever. Whether it dies before the launcher's check of the head (start-up) or after it
     (under the run, seen by the watch), the launch ends failed with the head's reason. Each order is
     forced, not left to timing: the fake head exits when a file appears, made at the chosen moment."""
-    from server_app import launch, ray_head
+    from runner import launch, ray_head
 
     go = tmp_path / "go"
     # the fake head polls for the file; when it exits is set by the file alone, not by a time

@@ -415,7 +415,7 @@ def test_the_server_benchmark_replies_are_valid_and_nothing_is_dropped():
 def test_bytes_per_round_are_a_small_fraction_of_fedavgs_on_the_same_cnn(tmp_path):
     """On MNIST-sized input (the paper's 21,840-parameter CNN), pFedPM's upload is about 1% of
     FedAvg's in bytes on the wire and its whole round under 3%."""
-    from server_app.inprocess import run_inprocess
+    from runner.inprocess import run_inprocess
 
     config = {**small_config(tmp_path, **PFEDPM), "dataset": "mnist5k", "partition": "pfedpm-nk",
               "pfedpm-nk.n": 4, "pfedpm-nk.k": 25, "num-server-rounds": 2, "eval-every": 2}
@@ -429,7 +429,7 @@ def test_bytes_per_round_are_a_small_fraction_of_fedavgs_on_the_same_cnn(tmp_pat
 def test_pfedpm_presets_are_valid_run_configs_with_the_paper_settings():
     import tomllib
 
-    from server_app.compare import entries
+    from runner.compare import entries
 
     presets = sorted(p for p in (ROOT / "conf").glob("pfedpm-*.toml") if "digits" not in p.name)
     assert len(presets) >= 6
@@ -451,7 +451,7 @@ def test_the_small_sweep_and_ablation_presets_share_one_training_rule_and_valida
     import tomllib
 
     from benchmarks.pfedpm_sweep import expand
-    from server_app.compare import entries, load_preset
+    from runner.compare import entries, load_preset
 
     for name in ("pfedpm-digits-sweep.toml", "pfedpm-digits-ablation.toml"):
         preset = expand(load_preset(ROOT / "conf" / name)) if "sweep" in name else load_preset(ROOT / "conf" / name)
@@ -469,7 +469,7 @@ def test_the_small_sweep_and_ablation_presets_share_one_training_rule_and_valida
 @pytest.mark.long  # a real flwr run / SuperLink: make test-long
 def test_flwr_run_with_heterogeneous_clients(tmp_path):
     """The real runtime: `flwr run` on Ray, 2 SuperNodes of different widths, 2 rounds, judged by flwr ls."""
-    from server_app.launch import simulate
+    from runner.launch import simulate
 
     config = {**PFEDPM, "dataset": "digits", "partition": "pfedpm-nk", "pfedpm-nk.n": 3, "pfedpm-nk.k": 40,
               "num-server-rounds": 2, "pfedpm.heterogeneous": True, "results-dir": str(tmp_path), "run-name": "smoke"}

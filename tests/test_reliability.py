@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.registry import REGISTRY
-from server_app.inprocess import InProcessGrid, run_inprocess
+from runner.inprocess import InProcessGrid, run_inprocess
 from tests import toy_method
 from tests.conftest import small_config
 

@@ -77,7 +77,7 @@ def test_gpfl_federation_carries_body_gce_and_cov_each_way_and_keeps_the_heads(i
 @pytest.mark.long  # a real flwr run / SuperLink: make test-long
 @pytest.mark.parametrize("method", ["fedgh", "fedrod", "gpfl"])
 def test_flwr_run_smoke(tmp_path, method):
-    from server_app.launch import simulate
+    from runner.launch import simulate
 
     config = {"method": method, "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path),
               "run-name": "smoke"}

@@ -49,7 +49,7 @@ def test_each_way_carries_exactly_the_contracts_records(inprocess, method):
 @pytest.mark.long  # a real flwr run: make test-long
 @pytest.mark.parametrize("method", sorted(WIRE))
 def test_flwr_run_smoke(tmp_path, method):
-    from server_app.launch import simulate
+    from runner.launch import simulate
 
     config = {"method": method, "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path),
               "run-name": "smoke"}

@@ -120,7 +120,7 @@ def test_the_summary_table_names_what_picked_the_round():
 
 
 def test_comparison_tables_use_the_test_accuracy_at_the_best_validation_round(tmp_path):
-    from server_app.compare import aggregate_row, write_table
+    from runner.compare import aggregate_row, write_table
 
     common = {"final_acc": 0.7, "client_acc_mean": 0.7, "best_acc": 0.9, "best_client_acc_mean": 0.9,
               "last10_acc": 0.7, "bytes_up_per_round": 1e6, "bytes_down_per_round": 1e6, "wall_s_per_round": 1.0}
@@ -203,7 +203,7 @@ def test_methods_with_their_own_evaluation_report_validation(inprocess, method):
 def test_validation_columns_survive_a_resume(tmp_path):
     from clients.app import app as client_app
     from server_app.app import run_experiment
-    from server_app.inprocess import InProcessGrid, run_inprocess
+    from runner.inprocess import InProcessGrid, run_inprocess
     from tests.conftest import small_config
 
     class Crash(Exception):

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from server_app import flower_cli as fc
+from runner import flower_cli as fc
 
 PORT_FLAGS = ("--dashboard-port", "--dashboard-agent-listen-port",
               "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port",

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from server_app import flower_cli as fc
-from server_app.deploy_local import Host, LocalDeployment
+from runner import flower_cli as fc
+from runner.deploy_local import Host, LocalDeployment
 
 PREFIX = "198.18.100."
 

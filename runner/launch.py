@@ -19,10 +19,10 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from server_app import flower_cli as fc
+from runner import flower_cli as fc
 from server_app.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
-from server_app.ray_head import RayHead, RayHeadEnded
-from server_app.staged_app import stage_app
+from runner.ray_head import RayHead, RayHeadEnded
+from runner.staged_app import stage_app
 
 COMMAND_T0 = time.time()  # when this command started: start-up time is measured from here
 

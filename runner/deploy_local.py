@@ -27,10 +27,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from server_app import certs
+from runner import certs
 from server_app import fast_runtime
-from server_app import flower_cli as fc
-from server_app.staged_app import stage_app
+from runner import flower_cli as fc
+from runner.staged_app import stage_app
 
 CONNECTION = "deploy"
 

@@ -24,9 +24,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from server_app import certs
-from server_app import flower_cli as fc
-from server_app.staged_app import stage_app
+from runner import certs
+from runner import flower_cli as fc
+from runner.staged_app import stage_app
 
 ROOT = Path(__file__).resolve().parents[1]
 FLWR_VERSION = "1.41.0"

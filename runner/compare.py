@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from server_app.launch import simulate
+from runner.launch import simulate
 
 COLUMNS = ["method", "final_acc", "final_acc_std", "client_acc_mean", "client_acc_mean_std",
            "test_acc_at_best_val", "test_acc_at_best_val_std", "test_client_acc_mean_at_best_val",
@@ -142,7 +142,7 @@ def _run_inprocess(config: dict, supernodes: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from server_app.inprocess import run_inprocess
+    from runner.inprocess import run_inprocess
 
     try:
         summary, _ = run_inprocess(config, supernodes)
