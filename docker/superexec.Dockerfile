@@ -11,6 +11,7 @@ COPY --chown=app:app fedcore fedcore
 COPY --chown=app:app fedstrategies fedstrategies
 COPY --chown=app:app clients clients
 COPY --chown=app:app server_app server_app
+COPY --chown=app:app runner runner
 COPY --chown=app:app partitions partitions
 # On the local base only the package itself, offline. On an official image: CPU torch from the PyTorch
 # index unless the base has it (PyPI's default Linux wheel pulls the CUDA stack), then the package.
