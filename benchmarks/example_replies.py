@@ -10,7 +10,7 @@ from fedcore import wire
 
 def mupfl_reply(strategy, pid: int, phase: str, rng) -> dict:
     """MuPFL: noisy weights, 0/1 present-class flags with matching class gradients, the start head, and maps."""
-    from fedcore.contracts.mupfl import GRADIENTS, MAPS, START_HEAD
+    from fedcore.methods.mupfl import GRADIENTS, MAPS, START_HEAD
 
     records = {}
     if phase != "train":
@@ -32,7 +32,7 @@ def mupfl_reply(strategy, pid: int, phase: str, rng) -> dict:
 
 def creff_reply(strategy, pid: int, phase: str, rng) -> dict:
     """CReFF: noisy weights and class gradients with 0/1 present-class flags."""
-    from fedcore.contracts.creff import GRADIENTS
+    from fedcore.methods.creff import GRADIENTS
 
     if phase != "train":
         return {}

@@ -189,7 +189,7 @@ def mupfl_cosine_alone(strategy, messages, repeats: int = 5) -> dict:
     float32 matrices are stacked before the clock starts; the time (median of ``repeats``) is the two Gram
     products and their normalisation. ``cosine_mb``: the size of the two stacked matrices."""
     from fedcore import wire
-    from fedcore.contracts.mupfl import MAPS, START_HEAD
+    from fedcore.methods.mupfl import MAPS, START_HEAD
 
     records = [msg.content for msg in messages]
     keys = strategy.param_keys
@@ -231,7 +231,7 @@ def mupfl_matching_alone(strategy, messages, repeats: int = 3) -> dict:
     the K*m x d federated features against the round's averaged class gradients), which the paper's method runs
     every round whatever the number of clients, timed alone (median of ``repeats``; it changes no state)."""
     from fedcore import wire
-    from fedcore.contracts.mupfl import GRADIENTS
+    from fedcore.methods.mupfl import GRADIENTS
 
     gradients = [(g["z"], g["present"]) for g in (wire.unpack_arrays(msg.content[GRADIENTS]) for msg in messages)]
     head = {k: strategy.global_weights[k] for k in strategy.head_keys}

@@ -10,7 +10,7 @@ from clients.mupfl import SAMPLE_TAG, sample_per_class
 from clients.training import evaluate_model
 from fedcore import class_gradients as cg
 from fedcore import wire
-from fedcore.contracts.creff import GRADIENTS, RETRAINED_HEAD
+from fedcore.methods.creff import GRADIENTS, RETRAINED_HEAD
 from fedcore.models import HEAD_PREFIX
 
 

@@ -13,7 +13,7 @@ import torch
 from clients.base import ClientMethod, EvalResult
 from clients.training import cross_entropy, evaluate_model, proximal_term
 from fedcore import wire
-from fedcore.contracts.fedamp import CLOUD, DIST_TO_CLOUD
+from fedcore.methods.fedamp import CLOUD, DIST_TO_CLOUD
 
 MODEL = "model"
 

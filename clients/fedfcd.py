@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from clients.base import ClientMethod, EvalResult
 from clients.training import class_means, evaluate_logits, extract_features
 from fedcore import wire
-from fedcore.contracts.fedfcd import ALIGNMENT_LOSS, GLOBAL_HEAD, HEAD_LOSS
+from fedcore.methods.fedfcd import ALIGNMENT_LOSS, GLOBAL_HEAD, HEAD_LOSS
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from clients.base import ClientMethod, EvalResult
 from clients.training import evaluate_model
 from fedcore import wire
-from fedcore.contracts.fedgh import GLOBAL_HEAD
+from fedcore.methods.fedgh import GLOBAL_HEAD
 
 
 class FedGHClient(ClientMethod):

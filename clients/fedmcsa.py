@@ -21,7 +21,7 @@ import torch
 from clients.base import ClientMethod, EvalResult
 from clients.training import LossFn, cross_entropy, evaluate_model, proximal_term
 from fedcore import wire
-from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
+from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
 from fedcore.fedmcsa_variants import resolve_options
 
 MODEL = "model"

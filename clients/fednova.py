@@ -6,7 +6,7 @@ import numpy as np
 
 from clients.fedavg import FedAvgClient
 from fedcore import wire
-from fedcore.contracts.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER
+from fedcore.methods.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER
 from fedcore.fednova import effective_steps
 
 

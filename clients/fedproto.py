@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from clients.base import ClientMethod, EvalResult
 from clients.training import cross_entropy, evaluate_features
 from fedcore import wire
-from fedcore.contracts.fedproto import HAS_PROTOTYPES
+from fedcore.methods.fedproto import HAS_PROTOTYPES
 
 
 class FedProtoClient(ClientMethod):

@@ -20,7 +20,7 @@ from clients.base import ClientMethod, EvalResult
 from clients.batch_metrics import mean_loss
 from clients.training import evaluate_logits, extract_features
 from fedcore import wire
-from fedcore.contracts.fedrod import GENERIC_ACC, PERSONAL_LOSS
+from fedcore.methods.fedrod import GENERIC_ACC, PERSONAL_LOSS
 
 PERSONAL_HEAD = "personal-head"  # client state: the personal head's parameters
 

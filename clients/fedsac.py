@@ -25,7 +25,7 @@ from torch.nn.utils import parameters_to_vector
 from clients.base import ClientMethod, EvalResult
 from clients.training import evaluate_model, extract_features
 from fedcore import wire
-from fedcore.contracts.fedsac import AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCAL_ACC, REFERENCE, REGULARISER, SUBSPACE
+from fedcore.methods.fedsac import AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCAL_ACC, REFERENCE, REGULARISER, SUBSPACE
 
 MODEL = "model"  # client state: the last locally trained model theta_i
 

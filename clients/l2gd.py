@@ -12,7 +12,7 @@ import torch
 from clients.base import ClientMethod, EvalResult
 from clients.training import evaluate_model
 from fedcore import wire
-from fedcore.contracts.l2gd import AVERAGING_STEPS, LOCAL_STEPS, PULL
+from fedcore.methods.l2gd import AVERAGING_STEPS, LOCAL_STEPS, PULL
 
 LOCAL = "local"  # client state: x_i
 

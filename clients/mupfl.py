@@ -16,7 +16,7 @@ from clients.base import ClientEnv, ClientMethod, EvalResult
 from clients.training import evaluate_model
 from fedcore import class_gradients as cg
 from fedcore import wire
-from fedcore.contracts.mupfl import BAVD_KEEP, FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
+from fedcore.methods.mupfl import BAVD_KEEP, FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 from fedcore.models import HEAD_PREFIX, bavd_map_shapes, bavd_sites
 
 MODEL = "model"  # state: the latest post-training model

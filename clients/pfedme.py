@@ -19,7 +19,7 @@ from clients.base import ClientMethod, EvalResult
 from clients.per_fedavg import GradFn, gradient_fn, set_values
 from clients.training import batch_stream, evaluate_model, steps_per_epoch
 from fedcore import wire
-from fedcore.contracts.pfedme import UPLOAD
+from fedcore.methods.pfedme import UPLOAD
 
 PERSONAL = "personal"  # client state: theta_i after the last round it trained in
 

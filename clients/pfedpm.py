@@ -27,7 +27,7 @@ from torch import nn
 from clients.base import ClientMethod, EvalResult
 from clients.training import class_means, evaluate_features, extract_features
 from fedcore import wire
-from fedcore.contracts.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, RELATION_ACC, RELATION_LOSS
+from fedcore.methods.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, RELATION_ACC, RELATION_LOSS
 from fedcore.models import heterogeneous_kwargs, resolve_model_name, seed_torch, seeded_model
 
 # client state names

@@ -22,7 +22,7 @@ import torch
 from fedcore import wire
 from fedcore.class_gradients import synthetic_labels
 from fedcore.config import Key
-from fedcore.contracts.creff import GRADIENTS, RETRAINED_HEAD
+from fedcore.methods.creff import GRADIENTS, RETRAINED_HEAD
 from fedcore.models import HEAD_PREFIX, one_torch_thread
 from fedstrategies.fedavg import FedAvgStrategy
 from fedstrategies.federated_features import (average_class_gradients, fresh_linear, match_features,

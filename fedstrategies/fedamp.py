@@ -23,7 +23,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.fedamp import CLOUD
+from fedcore.methods.fedamp import CLOUD
 from fedstrategies import pairwise
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedamp_math import fedamp_weights

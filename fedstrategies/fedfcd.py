@@ -25,7 +25,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.fedfcd import GLOBAL_HEAD
+from fedcore.methods.fedfcd import GLOBAL_HEAD
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.fedfcd_math import GlobalHead, feature_pairs
 from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.fedgh import GLOBAL_HEAD
+from fedcore.methods.fedgh import GLOBAL_HEAD
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.fedfcd_math import GlobalHead, feature_pairs
 from fedstrategies.prototypes import check_whole_class_features

@@ -28,7 +28,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
+from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
 from fedcore.fedmcsa_variants import AUTO, DEFAULT_VARIANT, VARIANTS, resolve_options
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedmcsa_math import mcsa

@@ -18,7 +18,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import ConfigError, Key
-from fedcore.contracts.fednova import A_NORM, EPOCHS, NORMALIZER
+from fedcore.methods.fednova import A_NORM, EPOCHS, NORMALIZER
 from fedcore.fednova import effective_steps
 from fedstrategies.base import ArraySpec
 from fedstrategies.fedavg import FedAvgStrategy

@@ -10,7 +10,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.fedproto import HAS_PROTOTYPES
+from fedcore.methods.fedproto import HAS_PROTOTYPES
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.prototypes import aggregate_class_features, check_class_features, merge_class_features
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, REGULARISERS, SUBSPACE
+from fedcore.methods.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, REGULARISERS, SUBSPACE
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedsac_math import (ALPHA_BOUNDARIES, ANGLES, SOLVERS, aggregate_by_graph, alpha_at,
                                        collaboration_graph, complementarity_matrix, graph_diagnostics,

@@ -9,7 +9,7 @@ every client; the head is personal and never leaves the client (clients/gpfl.py 
 from __future__ import annotations
 
 from fedcore.config import Key
-from fedcore.gpfl import MODULE_PREFIXES, initial_module_weights
+from fedcore.conditional_valve import MODULE_PREFIXES, initial_module_weights
 from fedcore.models import BODY_PREFIX
 from fedstrategies.fedavg import FedAvgStrategy
 

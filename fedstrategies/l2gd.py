@@ -19,7 +19,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import ConfigError, Key
-from fedcore.contracts.l2gd import (AVERAGING_STEPS, LOCAL_STEPS, METRIC_AVERAGING_STEPS, METRIC_LOCAL_STEPS,
+from fedcore.methods.l2gd import (AVERAGING_STEPS, LOCAL_STEPS, METRIC_AVERAGING_STEPS, METRIC_LOCAL_STEPS,
                                     PULL)
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.fedavg import FedAvgStrategy

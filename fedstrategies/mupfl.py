@@ -25,7 +25,7 @@ import torch
 
 from fedcore import wire
 from fedcore.config import ConfigError, Key
-from fedcore.contracts.mupfl import FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
+from fedcore.methods.mupfl import FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 from fedcore.models import HEAD_PREFIX, bavd_map_shapes, one_torch_thread, seeded_model
 from fedstrategies import mupfl_math as mm
 from fedstrategies.aggregate import weighted_average

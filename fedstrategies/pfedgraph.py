@@ -21,7 +21,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.fedsac import REGULARISERS
+from fedcore.methods.fedsac import REGULARISERS
 from fedstrategies.base import weights_schema
 from fedstrategies.fedsac import EVAL_MODELS, SIM_VECTORS, FedSaCStrategy
 from fedstrategies.fedsac_math import SOLVERS, collaboration_graph, graph_diagnostics

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.pfedme import UPLOAD
+from fedcore.methods.pfedme import UPLOAD
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.fedavg import FedAvgStrategy
 

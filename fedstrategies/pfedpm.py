@@ -20,7 +20,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.config import Key
-from fedcore.contracts.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL
+from fedcore.methods.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL
 from fedcore.models import heterogeneous_kwargs
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features, merge_class_features

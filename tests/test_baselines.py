@@ -148,7 +148,7 @@ def test_fedproto_predicts_by_nearest_global_prototype(tmp_path):
     from tests.conftest import small_config
 
     cfg = Config.from_run_config(small_config(tmp_path, method="fedproto"))
-    from fedcore.contracts.fedproto import HAS_PROTOTYPES
+    from fedcore.methods.fedproto import HAS_PROTOTYPES
 
     client = FedProtoClient(ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict(), server_round=1,
                                       config={HAS_PROTOTYPES: True}))

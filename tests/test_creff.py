@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fedcore import class_gradients as cg
 from fedcore import wire
-from fedcore.contracts.creff import GRADIENTS, RETRAINED_HEAD
+from fedcore.methods.creff import GRADIENTS, RETRAINED_HEAD
 from fedstrategies import federated_features as ff
 
 

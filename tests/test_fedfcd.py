@@ -19,7 +19,7 @@ from clients.fedfcd import FedFCDClient, GlobalKnowledge, alignment_loss, fused_
 from clients.training import class_means, extract_features, minibatches
 from fedcore import wire
 from fedcore.config import Config
-from fedcore.contracts.fedfcd import GLOBAL_HEAD
+from fedcore.methods.fedfcd import GLOBAL_HEAD
 from fedcore.models import model_facts
 from fedstrategies.base import ClientInfo, ClientReply
 from fedstrategies.fedfcd import HPARAMS, FedFCDStrategy

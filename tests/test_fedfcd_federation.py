@@ -16,7 +16,7 @@ from flwr.app import RecordDict
 from clients.base import ClientEnv
 from clients.fedfcd import FedFCDClient
 from fedcore import wire
-from fedcore.contracts.fedfcd import GLOBAL_HEAD
+from fedcore.methods.fedfcd import GLOBAL_HEAD
 from fedcore.models import model_facts
 from fedstrategies.fedfcd import FedFCDStrategy
 from fedstrategies.fedfcd_math import GlobalHead

@@ -14,7 +14,7 @@ from flwr.app import RecordDict
 
 from clients.fedfcd import GlobalKnowledge, alignment_loss, fused_logits
 from fedcore import wire
-from fedcore.contracts.fedfcd import ALIGNMENT_LOSS, GLOBAL_HEAD, HEAD_LOSS
+from fedcore.methods.fedfcd import ALIGNMENT_LOSS, GLOBAL_HEAD, HEAD_LOSS
 from fedstrategies.fedfcd_math import GlobalHead
 from tests.test_fedfcd import C, _client, _known, _pairs, _payload, _replies, _reply, _same, _snapshot, _strategy
 

@@ -14,7 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcore import wire
 from fedcore.config import Config
-from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
+from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
 from fedcore.models import model_facts
 from fedstrategies.fedmcsa import FedMCSAStrategy
 from fedstrategies.fedmcsa_math import attention, components, mcsa, mean_weights, size_weighted

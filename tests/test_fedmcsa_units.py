@@ -13,7 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.contracts.fedmcsa import RECEIVE, UPLOAD
+from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
 from fedcore.models import model_facts
 from fedstrategies.base import ClientInfo
 from fedstrategies.fedmcsa import DEFAULT_VARIANT, HPARAMS, VARIANTS, FedMCSAStrategy, resolve_options

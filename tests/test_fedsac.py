@@ -14,7 +14,7 @@ from benchmarks.server_time import fake_clients
 from clients.fedsac import regulariser, subspace_basis
 from fedcore import wire
 from fedcore.config import Config
-from fedcore.contracts.fedsac import BASIS, REGULARISER, SUBSPACE
+from fedcore.methods.fedsac import BASIS, REGULARISER, SUBSPACE
 from fedcore.models import model_facts, seeded_model
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import ClientReply

@@ -13,7 +13,7 @@ import pytest
 from flwr.app import Message, RecordDict
 
 from fedcore import wire
-from fedcore.contracts.fedsac import BASIS, REGULARISER, SUBSPACE
+from fedcore.methods.fedsac import BASIS, REGULARISER, SUBSPACE
 from tests.test_baselines import _spy  # a fault hook that records every (request, reply) pair
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from clients.base import ClientEnv
 from clients.pfedgraph import PFedGraphClient
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.contracts.fedsac import REGULARISER
+from fedcore.methods.fedsac import REGULARISER
 from fedcore.models import ModelFacts, seeded_model
 from fedcore.registry import get_method
 from fedstrategies.base import ClientReply

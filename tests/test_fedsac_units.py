@@ -20,7 +20,7 @@ from clients.fedsac import MODEL, FedSaCClient, regulariser, subspace_basis
 from clients.training import evaluate_model, extract_features, train_loop
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.contracts.fedsac import AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCAL_ACC, REFERENCE, REGULARISER, SUBSPACE
+from fedcore.methods.fedsac import AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCAL_ACC, REFERENCE, REGULARISER, SUBSPACE
 from fedcore.models import ModelFacts, seeded_model
 from fedstrategies import fedsac as fedsac_module
 from fedstrategies.base import ClientReply

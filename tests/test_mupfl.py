@@ -394,7 +394,7 @@ def _features_content(K, m, d):
     from flwr.app import RecordDict
 
     from fedcore import wire
-    from fedcore.contracts.mupfl import FEATURES
+    from fedcore.methods.mupfl import FEATURES
 
     return RecordDict({FEATURES: wire.pack_arrays({"features": np.random.default_rng(0).standard_normal(
         (K * m, d)).astype(np.float32)})})

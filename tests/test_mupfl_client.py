@@ -10,7 +10,7 @@ import torch
 
 from fedcore import class_gradients as cg
 from fedcore import wire
-from fedcore.contracts.mupfl import FEATURES, GRADIENTS, MAPS, START_HEAD
+from fedcore.methods.mupfl import FEATURES, GRADIENTS, MAPS, START_HEAD
 
 M, TAU = 3, 2  # features per class and pre-training epochs: small, every stage still runs
 

@@ -90,7 +90,7 @@ def test_round_one_matching_at_the_default_steps_halves_the_loss_and_rounds_csv_
 
 def test_a_malformed_reply_is_dropped_and_the_run_goes_on(tmp_path):
     from fedcore import wire
-    from fedcore.contracts.mupfl import GRADIENTS
+    from fedcore.methods.mupfl import GRADIENTS
 
     def corrupt(request, reply):
         config = request.content.config_records["config"]

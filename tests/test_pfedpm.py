@@ -18,7 +18,7 @@ from clients.base import ClientEnv, load_client_data
 from clients.pfedpm import PFedPMClient, RelationModule, fedproto_regulariser, l2_regulariser, mix_features
 from fedcore import wire
 from fedcore.config import Config
-from fedcore.contracts.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL
+from fedcore.methods.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL
 from fedcore.models import ModelFacts, build_model, heterogeneous_kwargs, model_facts
 from fedstrategies.base import ClientInfo
 from fedstrategies.pfedpm import PFedPMStrategy

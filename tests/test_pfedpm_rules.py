@@ -27,8 +27,8 @@ from clients.pfedpm import (LOCAL_FEATURES, MIXED_FEATURES, MODEL, OPTIMIZER, RE
 from clients.training import class_means, extract_features
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.contracts.fedproto import HAS_PROTOTYPES
-from fedcore.contracts.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, RELATION_ACC, RELATION_LOSS
+from fedcore.methods.fedproto import HAS_PROTOTYPES
+from fedcore.methods.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, RELATION_ACC, RELATION_LOSS
 from fedcore.models import build_model, model_facts, seed_torch
 from fedstrategies.base import ClientInfo
 from fedstrategies.pfedpm import HPARAMS, PFedPMStrategy

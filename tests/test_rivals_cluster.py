@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.contracts.fedamp import CLOUD, DIST_TO_CLOUD
+from fedcore.methods.fedamp import CLOUD, DIST_TO_CLOUD
 from fedcore.models import model_facts
 from fedstrategies import cfl_math, fesem_math, pairwise
 from fedstrategies.base import ClientReply

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fedcore import wire
-from fedcore.contracts.fedamp import CLOUD
+from fedcore.methods.fedamp import CLOUD
 from tests.test_baselines import _spy
 
 

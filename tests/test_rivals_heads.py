@@ -22,10 +22,10 @@ from clients.gpfl import (GPFLClient, angle_guidance_loss, conditional_inputs, m
 from clients.training import evaluate_model
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.contracts.fedgh import GLOBAL_HEAD
-from fedcore.contracts.fedrod import GENERIC_ACC, PERSONAL_LOSS
-from fedcore.contracts.gpfl import GCE_LOSS, MAGNITUDE_LOSS
-from fedcore.gpfl import CoV, GPFLModules, initial_module_weights
+from fedcore.methods.fedgh import GLOBAL_HEAD
+from fedcore.methods.fedrod import GENERIC_ACC, PERSONAL_LOSS
+from fedcore.methods.gpfl import GCE_LOSS, MAGNITUDE_LOSS
+from fedcore.conditional_valve import CoV, GPFLModules, initial_module_weights
 from fedcore.models import model_facts, seeded_model
 from fedstrategies.base import ClientInfo, ClientReply
 from fedstrategies.fedgh import FedGHStrategy

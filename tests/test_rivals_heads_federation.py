@@ -13,8 +13,8 @@ import pytest
 from clients.fedrod import PERSONAL_HEAD, FedRoDClient
 from clients.gpfl import GPFLClient
 from fedcore import wire
-from fedcore.contracts.fedgh import GLOBAL_HEAD
-from fedcore.gpfl import initial_module_weights
+from fedcore.methods.fedgh import GLOBAL_HEAD
+from fedcore.conditional_valve import initial_module_weights
 from fedstrategies.fedrod import FedRoDStrategy
 from tests.test_baselines import _spy
 from tests.test_rivals_heads import C, _client, _keys, _strategy

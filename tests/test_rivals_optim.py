@@ -23,9 +23,9 @@ from clients.pfedme import PERSONAL, PFedMeClient, local_step, personal_solve
 from clients.training import batch_stream, evaluate_model
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.contracts.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER
-from fedcore.contracts.l2gd import AVERAGING_STEPS, LOCAL_STEPS as L2GD_LOCAL_STEPS, PULL
-from fedcore.contracts.pfedme import UPLOAD
+from fedcore.methods.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER
+from fedcore.methods.l2gd import AVERAGING_STEPS, LOCAL_STEPS as L2GD_LOCAL_STEPS, PULL
+from fedcore.methods.pfedme import UPLOAD
 from fedcore.fednova import effective_steps
 from fedcore.models import model_facts
 from fedstrategies.base import ArraySpec, ClientInfo, ClientReply

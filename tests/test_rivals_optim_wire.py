@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fedcore import wire
-from fedcore.contracts.fednova import EPOCHS, NORMALIZER
-from fedcore.contracts.l2gd import AVERAGING_STEPS, LOCAL_STEPS, PULL
-from fedcore.contracts.pfedme import UPLOAD
+from fedcore.methods.fednova import EPOCHS, NORMALIZER
+from fedcore.methods.l2gd import AVERAGING_STEPS, LOCAL_STEPS, PULL
+from fedcore.methods.pfedme import UPLOAD
 from tests.test_baselines import _spy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -50,7 +50,7 @@ TARGETS: dict[str, Target] = {
                      ("tests/test_fedsac.py", "tests/test_fedsac_units.py")),
     "fedgh": Target(("fedstrategies/fedgh.py", "clients/fedgh.py"), ("tests/test_rivals_heads.py",)),
     "fedrod": Target(("fedstrategies/fedrod.py", "clients/fedrod.py"), ("tests/test_rivals_heads.py",)),
-    "gpfl": Target(("fedstrategies/gpfl.py", "clients/gpfl.py", "fedcore/gpfl.py"), ("tests/test_rivals_heads.py",)),
+    "gpfl": Target(("fedstrategies/gpfl.py", "clients/gpfl.py", "fedcore/conditional_valve.py"), ("tests/test_rivals_heads.py",)),
     "fedamp": Target(("fedstrategies/fedamp.py", "fedstrategies/heurfedamp.py", "fedstrategies/fedamp_math.py",
                       "fedstrategies/pairwise.py", "clients/fedamp.py"), ("tests/test_rivals_cluster.py",)),
     "cfl": Target(("fedstrategies/cfl.py", "fedstrategies/cfl_math.py", "clients/cfl.py"), ("tests/test_rivals_cluster.py",)),

@@ -7,7 +7,7 @@ client -> server (train): ``wire.WEIGHTS`` (the trained model) and ``GRADIENTS``
     "present" (K,)), taken at the global body and the re-trained classifier before local training.
 """
 
-from fedcore.contracts.mupfl import GRADIENTS  # noqa: F401  (the same record as MuPFL's PKCF)
+from fedcore.methods.mupfl import GRADIENTS  # noqa: F401  (the same record as MuPFL's PKCF)
 
 # record: "head.weight" (K, d), "head.bias" (K,): the classifier re-trained on the federated features
 RETRAINED_HEAD = "retrained-head"

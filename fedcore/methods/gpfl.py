@@ -7,7 +7,7 @@ client -> server (train):
     ``wire.WEIGHTS``: the same tensors after local training. The head never leaves the client.
 """
 
-from fedcore.gpfl import COV_PREFIX, GCE_PREFIX  # noqa: F401  (the key prefixes of the extra modules)
+from fedcore.conditional_valve import COV_PREFIX, GCE_PREFIX  # noqa: F401  (the key prefixes of the extra modules)
 
 # ---------------------------------------------------------------- client -> server (method metrics)
 GCE_LOSS = "gce-loss"  # train: mean angle-level guidance loss (cosine softmax on the GCE table)
