@@ -22,7 +22,7 @@ from clients.base import ClientMethod, EvalResult
 from clients.training import LossFn, cross_entropy, evaluate_model, proximal_term
 from fedcore import wire
 from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
-from fedcore.fedmcsa_variants import resolve_options
+from fedcore.methods.fedmcsa import resolve_options
 
 MODEL = "model"
 CENTRE = "centre"

@@ -6,8 +6,7 @@ import numpy as np
 
 from clients.fedavg import FedAvgClient
 from fedcore import wire
-from fedcore.methods.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER
-from fedcore.fednova import effective_steps
+from fedcore.methods.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER, effective_steps
 
 
 class FedNovaClient(FedAvgClient):

@@ -25,8 +25,8 @@ from clients.base import ClientMethod, EvalResult
 from clients.batch_metrics import mean_loss
 from clients.training import evaluate_logits, extract_features
 from fedcore import wire
-from fedcore.methods.gpfl import GCE_LOSS, MAGNITUDE_LOSS
-from fedcore.conditional_valve import MODULE_PREFIXES, GPFLModules
+from fedcore.conditional_valve import GPFLModules
+from fedcore.methods.gpfl import GCE_LOSS, MAGNITUDE_LOSS, MODULE_PREFIXES
 from fedcore.models import BODY_PREFIX
 
 

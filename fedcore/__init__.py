@@ -1,2 +1,3 @@
 """What server and clients share: the run-config schema, the method registry, the wire format, each
-method's message contract (``fedcore.contracts``), the models and the maths both sides compute."""
+method's declaration (``fedcore.methods``: message contract, hyperparameters, paper settings), the
+models and the maths both sides compute."""

@@ -1,7 +1,7 @@
 """Per-class classifier gradients of a linear head in closed form (MuPFL's PKCF, mupfl.md Eqs. 16 and 19).
 
 Both sides use them: a MuPFL client takes ``class_gradients`` of its features at the received head
-and uploads them (``fedcore.contracts.mupfl.GRADIENTS``: row k is the flattened (dW, db) of class k);
+and uploads them (``fedcore.methods.mupfl.GRADIENTS``: row k is the flattened (dW, db) of class k);
 the server matches the ``synthetic_class_gradients`` of its federated features to their average
 (``fedstrategies/mupfl_math.py``). ``synthetic_labels`` gives the class-major labels of those features.
 """

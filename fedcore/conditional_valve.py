@@ -12,9 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-GCE_PREFIX = "gce."
-COV_PREFIX = "cov."
-MODULE_PREFIXES = (GCE_PREFIX, COV_PREFIX)
+from fedcore.methods.gpfl import COV_PREFIX, GCE_PREFIX, MODULE_PREFIXES  # noqa: F401  (GPFL's declaration)
 
 
 class CoV(nn.Module):

@@ -1,8 +1,9 @@
 """Run configuration: one schema, validated once at start with errors that list the valid choices.
 
 The run config is Flower's flat ``[tool.flwr.app.config]`` table (``--run-config`` overrides it).
-Common keys live in ``COMMON_KEYS``; each method declares its own hyperparameters (``<method>.<key>``)
-in its registry entry, so a typo in any key stops the run before a single client trains.
+Common keys live in ``_common_keys``; each method declares its own hyperparameters (``<method>.<key>``)
+in its declaration (``fedcore/methods/<name>.py``), so a typo in any key stops the run before a single client
+trains. Building the schema imports those plain modules only: no torch, no Flower, nothing to cache.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Any
 from fedcore.paper_settings import resolve_auto
 
 AUGMENTATIONS = ("none", "crop-flip")  # clients/training.py: crop_flip
+# fedcore/models.py: MODELS (tests/test_models.py checks they agree), named here so that checking a config needs no torch
+MODEL_NAMES = ("mlr", "dnn", "cnn", "fedavgcnn", "resnet8", "resnet18", "simplecnn", "protocnn", "protocnn-femnist",
+               "resnet18-tv", "mupflcnn")
 
 
 class ConfigError(ValueError):
@@ -74,8 +78,6 @@ AUTO_HELP = "; auto = the method's paper setting for the dataset, else the proje
 
 
 def _common_keys() -> dict[str, Key]:
-    # Imported here so that fedcore.config stays importable without torch for tooling.
-    from fedcore.models import MODELS
     from partitions import DATASETS, PARTITIONS
 
     return {
@@ -85,7 +87,7 @@ def _common_keys() -> dict[str, Key]:
                          "Flower baselines), or [0, 1] ('unit')", choices=("dataset", "half", "unit")),
         "partition": Key("pathological", "how the data is split across clients", choices=tuple(PARTITIONS)),
         "model": Key("auto", "model architecture; auto = the method's paper model for the dataset "
-                     "(fedcore/paper_settings.py), else one picked for the input shape", choices=("auto", *MODELS)),
+                     "(fedcore/paper_settings.py), else one picked for the input shape", choices=("auto", *MODEL_NAMES)),
         "num-server-rounds": Key(20, "federated rounds", low=1),
         "seed": Key(0, "one seed for partitioning, initialisation and sampling", low=0),
         "local-epochs": Key("auto", "local epochs per round" + AUTO_HELP, kind="int", low=1),

@@ -1,9 +1,10 @@
 """The method registry: one entry per method, naming its server strategy and its client.
 
-Adding a method = a module in fedstrategies/ (Strategy subclass + ``HPARAMS``), a module in clients/
-(ClientMethod subclass), its message contract in fedcore/contracts/ and one ``Method`` line below
-(docs/adding-a-method.md). Classes are imported lazily so that the server never needs a method's
-client code loaded to validate a config, and vice versa.
+Adding a method = its declaration in fedcore/methods/ (message contract, ``HPARAMS``, ``PAPER_SETTINGS``), a
+module in fedstrategies/ (Strategy subclass), a module in clients/ (ClientMethod subclass) and one ``Method``
+line below (docs/adding-a-method.md). Classes are imported lazily, so that the server never needs a method's
+client code loaded to validate a config, and vice versa; the run-config schema imports the plain declarations
+only (no torch, no Flower).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Method:
     summary: str
     strategy_path: str  # "module:Class" of the server Strategy
     client_path: str  # "module:Class" of the ClientMethod
+    declaration_path: str = ""  # its declaration module; default fedcore.methods.<the strategy's module name>
 
     @cached_property
     def strategy(self):
@@ -34,9 +36,15 @@ class Method:
         return _load(self.client_path)
 
     @property
+    def declaration(self):
+        """The method's plain declaration module (contract, ``HPARAMS``, ``PAPER_SETTINGS``)."""
+        default = "fedcore.methods." + self.strategy_path.split(":")[0].rpartition(".")[2]
+        return importlib.import_module(self.declaration_path or default)
+
+    @property
     def hparams(self) -> dict:
-        """The method's hyperparameters (run-config keys ``<name>.<key>``), declared by its strategy module."""
-        return getattr(importlib.import_module(self.strategy_path.split(":")[0]), "HPARAMS", {})
+        """The method's hyperparameters (run-config keys ``<name>.<key>``), from its declaration."""
+        return self.declaration.HPARAMS
 
 
 def _entries(*methods: Method) -> dict[str, Method]:

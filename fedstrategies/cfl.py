@@ -25,22 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
 from fedstrategies import pairwise
 from fedstrategies.base import PersonalizedStrategy, weights_schema
-from fedstrategies.cfl_math import LINKAGES, bipartition, gamma_max, max_cross_similarity, should_split
-
-HPARAMS = {
-    "eps1": Key(0.4, "split a cluster only when the norm of its mean update is below eps1 (the authors' code: 0.4)",
-                low=0.0),
-    "eps2": Key(1.6, "... and its largest client update norm is above eps2 (the authors' code: 1.6)", low=0.0),
-    "warmup-rounds": Key(20, "no split in the first this many rounds (the authors' code: 20)", low=0),
-    "min-size": Key(3, "fewest updates a cluster must send this round to be split (the authors' code: 3)", low=2),
-    "linkage": Key("single", "bipartition: single linkage is the paper's argmin of the largest cross-cluster "
-                   "cosine; complete linkage is the authors' code", choices=LINKAGES),
-    "weighting": Key("size", "p_i in the mean update and the cluster model: |D_i| / |D_c| (paper) or 1 / |c| "
-                     "(authors' code)", choices=("size", "uniform")),
-}
+from fedstrategies.cfl_math import bipartition, gamma_max, max_cross_similarity, should_split
 
 
 class CFLStrategy(PersonalizedStrategy):

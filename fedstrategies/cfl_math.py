@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LINKAGES = ("single", "complete")
+from fedcore.methods.cfl import LINKAGES
 
 
 def should_split(mean_norm: float, max_norm: float, size: int, eps1: float, eps2: float, min_size: int) -> bool:

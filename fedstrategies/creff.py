@@ -21,7 +21,6 @@ import torch
 
 from fedcore import wire
 from fedcore.class_gradients import synthetic_labels
-from fedcore.config import Key
 from fedcore.methods.creff import GRADIENTS, RETRAINED_HEAD
 from fedcore.models import HEAD_PREFIX, one_torch_thread
 from fedstrategies.fedavg import FedAvgStrategy
@@ -29,18 +28,6 @@ from fedstrategies.federated_features import (average_class_gradients, fresh_lin
                                               retrain_classifier)
 
 WEIGHT, BIAS = HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"
-
-HPARAMS = {
-    "features-per-class": Key(100, "federated features per class (CReFF's num_of_feature)", low=1),
-    "match-steps": Key(100, "gradient-matching steps per round (match_epoch)", low=0),
-    "match-lr": Key(0.1, "step size of the gradient matching (lr_feature)", low=0.0, low_open=True),
-    "match-optimizer": Key("sgd", "optimiser of the gradient matching: CReFF's SGD or Adam restarted each round",
-                           choices=("sgd", "adam")),
-    "retrain-epochs": Key(300, "epochs of classifier re-training on the federated features (crt_epoch)", low=0),
-    "retrain-lr": Key(0.01, "SGD step size of the classifier re-training (lr_net)", low=0.0, low_open=True),
-    "retrain-batch": Key(32, "batch size of the classifier re-training", low=1),
-    "samples-per-class": Key(32, "real samples per class for the clients' class gradients (batch_real)", low=1),
-}
 
 
 class CReFFStrategy(FedAvgStrategy):

@@ -8,8 +8,6 @@ from fedcore import wire
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 
-HPARAMS: dict = {}
-
 
 class FedAvgStrategy(PersonalizedStrategy):
     """Sends the global model to every sampled client and averages what comes back.

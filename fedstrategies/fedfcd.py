@@ -24,37 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
 from fedcore.methods.fedfcd import GLOBAL_HEAD
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.fedfcd_math import GlobalHead, feature_pairs
 from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features
-
-HPARAMS = {
-    "lambda": Key(1.0, "weight of the feature-alignment term R_i (Eq. 6); paper: 1 for FMNIST, 5 for CIFAR",
-                  low=0.0),
-    # 0: the common `lr` (the paper's 0.01 for both through fedcore.paper_settings), so that a comparison that sets
-    # one lr gives every method the same step size (issue #29); a positive value overrides it for this stage only
-    "lr-feature": Key(0.0, "eta_f: client SGD learning rate of the extractor (stage A); 0 = the common lr", low=0.0),
-    "lr-personal-head": Key(0.0, "eta_phi_i: client SGD learning rate of the personal head (stage B); "
-                            "0 = the common lr", low=0.0),
-    "lr-global-head": Key(0.01, "eta_phi_g: server SGD learning rate of the global head", low=0.0, low_open=True),
-    "server-batch-size": Key(10, "mini-batch size of the server's head training", low=1),
-    "server-epochs": Key(1, "epochs of head training over each round's (LFR, label) pairs", low=1),
-    "gfr-weighting": Key("weighted", "GFR = per-class mean of LFRs: count-weighted (Eq. 5 corrected), uniform "
-                         "(FedProto/PFLlib code) or paper_literal (Eq. 5 as printed, shrunk by 1/|m_j|)",
-                         choices=("weighted", "uniform", "paper_literal")),
-    # "own" by default: a client's training reads only the GFRs of its own labels (Eq. 7), so the run is
-    # identical (tests/test_fedfcd.py) and the paper's MLP round stays under 1% of FedAvg's bytes;
-    # "all" sends the spec's 2Cd + C floats.
-    "gfr-download": Key("own", "GFR rows sent down: only the client's own classes, or every class (spec)",
-                        choices=("all", "own")),
-    "alternation": Key("epoch", "hierarchical optimisation: a full extractor pass then a full head pass per "
-                       "epoch, or one extractor step then one head step per mini-batch", choices=("epoch", "batch")),
-    "feature-alignment": Key(True, "false = ablation 'w/o FA': no lambda term"),
-    "decision-fusion": Key(True, "false = ablation 'w/o FD': logits = personal head only (training and inference)"),
-    "hierarchical": Key(True, "false = ablation 'w/o HO': one joint SGD step on extractor and personal head per batch"),
-}
 
 
 class FedFCDStrategy(PersonalizedStrategy):

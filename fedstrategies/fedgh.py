@@ -15,18 +15,10 @@ this rule): one head and one SGD optimiser kept across rounds, shuffled passes o
 from __future__ import annotations
 
 from fedcore import wire
-from fedcore.config import Key
 from fedcore.methods.fedgh import GLOBAL_HEAD
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.fedfcd_math import GlobalHead, feature_pairs
 from fedstrategies.prototypes import check_whole_class_features
-
-HPARAMS = {
-    "server-lr": Key(0.01, "eta_theta: server SGD step size of the global header", low=0.0, low_open=True),
-    "server-batch-size": Key(1, "LARs per server SGD step: 1 = one step per (client, class) LAR, the paper's "
-                             "rule and authors' code; PFLlib uses 10", low=1),
-    "server-epochs": Key(1, "passes over each round's LARs on the server", low=1),
-}
 
 
 class FedGHStrategy(PersonalizedStrategy):

@@ -27,32 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
-from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
-from fedcore.fedmcsa_variants import AUTO, DEFAULT_VARIANT, VARIANTS, resolve_options
+from fedcore.methods.fedmcsa import RECEIVE, UPLOAD, resolve_options
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedmcsa_math import mcsa
-
-_FROM_VARIANT = "; auto = the value of fedmcsa.variant"
-
-HPARAMS = {
-    "variant": Key(DEFAULT_VARIANT, "named set of the options lambda, train, component, size-weighting and the "
-                   "weight decay, used for each of them left at auto", choices=tuple(VARIANTS)),
-    "sigma": Key(50.0, "scale sigma of the cosine similarity in the attention softmax", low=0.0),
-    "lambda": Key(AUTO, "proximal weight lambda of the local objective f_i + lambda/2 ||w - W_i||^2 (0: FedAvg+MCSA)"
-                  + _FROM_VARIANT, kind="float", low=0.0),
-    "clients-per-round": Key(20, "S: clients whose models are mixed and personalised each round (at most N)", low=1),
-    "train": Key(AUTO, "who trains each round: every client (Alg. 1) or only the S sampled ones" + _FROM_VARIANT,
-                 choices=(AUTO, "all", "sampled")),
-    "component": Key(AUTO, "attention unit: a layer (weight and bias together, the paper) or a tensor (the code)"
-                     + _FROM_VARIANT, choices=(AUTO, "layer", "tensor")),
-    "aggregation": Key("attention", "attention (FedMCSA) or the n-weighted mean (ablation FedMCSA without MCSA)",
-                       choices=("attention", "mean")),
-    "size-weighting": Key(AUTO, "reweight the attention by the clients' training-set sizes (the authors' code)"
-                          + _FROM_VARIANT, kind="bool"),
-    "attention-round": Key(0, "round whose attention matrices are saved (round_matrices/); 0 = the last round",
-                           low=0),
-}
 
 
 class FedMCSAStrategy(PersonalizedStrategy):

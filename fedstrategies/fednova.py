@@ -2,7 +2,7 @@
 
 Clients that take different numbers of local steps pull plain FedAvg towards the optimum of the
 clients that took more. FedNova divides each client's update by its effective step count ||a_i||_1
-(momentum included, fedcore/fednova.py) and re-scales the mean by tau_eff = sum_i p_i ||a_i||_1:
+(momentum included, fedcore/methods/fednova.py) and re-scales the mean by tau_eff = sum_i p_i ||a_i||_1:
     x <- x - tau_eff * sum_i p_i (x - y_i) / ||a_i||_1,   p_i = n_i / sum_j n_j over the replies
 (Eq. 6 with the paper's experiments' weights). Equal step counts give FedAvg exactly. With
 ``max-epochs`` each sampled client runs a number of local epochs drawn uniformly from local-epochs..max-epochs
@@ -17,16 +17,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import ConfigError, Key
-from fedcore.methods.fednova import A_NORM, EPOCHS, NORMALIZER
-from fedcore.fednova import effective_steps
+from fedcore.config import ConfigError
+from fedcore.methods.fednova import A_NORM, EPOCHS, NORMALIZER, effective_steps
 from fedstrategies.base import ArraySpec
 from fedstrategies.fedavg import FedAvgStrategy
 
-HPARAMS = {
-    "max-epochs": Key(0, "0 = every client runs local-epochs; else each sampled client draws its local epochs "
-                      "uniformly from local-epochs..max-epochs every round (the paper: 2..5)", low=0),
-}
 EPOCH_STREAM = 29  # the epoch draws' own random stream
 
 

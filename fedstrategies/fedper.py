@@ -3,8 +3,6 @@
 from fedcore.models import BODY_PREFIX
 from fedstrategies.fedavg import FedAvgStrategy
 
-HPARAMS: dict = {}
-
 
 class FedPerStrategy(FedAvgStrategy):
     """Averages and sends only ``body.*`` tensors: heads never cross the wire."""

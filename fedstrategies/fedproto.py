@@ -9,15 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
 from fedcore.methods.fedproto import HAS_PROTOTYPES
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.prototypes import aggregate_class_features, check_class_features, merge_class_features
-
-HPARAMS = {
-    "lambda": Key(1.0, "weight of the prototype-distance regulariser", low=0.0),
-    "aggregation": Key("weighted", "per-class mean of prototypes", choices=("weighted", "uniform")),
-}
 
 
 class FedProtoStrategy(PersonalizedStrategy):

@@ -4,10 +4,7 @@ Server rule as FedPer (average the bodies); the client trains its head first wit
 then the body with the head fixed (clients/fedrep.py).
 """
 
-from fedcore.config import Key
 from fedstrategies.fedper import FedPerStrategy
-
-HPARAMS = {"head-epochs": Key(10, "epochs of head training (body fixed) before the body epochs", low=1)}
 
 
 class FedRepStrategy(FedPerStrategy):

@@ -6,13 +6,7 @@ on the client (clients/fedrod.py). ``generic-loss = "ce"`` trains the generic mo
 cross-entropy instead (the paper's ablation of its balanced risk).
 """
 
-from fedcore.config import Key
 from fedstrategies.fedavg import FedAvgStrategy
-
-HPARAMS = {
-    "generic-loss": Key("bsm", "loss of the generic model: balanced softmax (the paper's) or plain cross-entropy "
-                        "(ablation)", choices=("bsm", "ce")),
-}
 
 
 class FedRoDStrategy(FedAvgStrategy):

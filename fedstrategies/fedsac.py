@@ -22,42 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
-from fedcore.methods.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, REGULARISERS, SUBSPACE
+from fedcore.methods.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, SUBSPACE
 from fedstrategies.base import PersonalizedStrategy, weights_schema
-from fedstrategies.fedsac_math import (ALPHA_BOUNDARIES, ANGLES, SOLVERS, aggregate_by_graph, alpha_at,
+from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at,
                                        collaboration_graph, complementarity_matrix, graph_diagnostics,
                                        similarity_matrix)
 
-SIM_VECTORS = ("delta_init", "params")
-EVAL_MODELS = ("aggregated", "local")
 ORTHONORMAL_TOL = 1e-3  # |U^T U - I| a basis may show (float32 rounding is ~1e-7)
 GRAM_BLOCK = 1 << 24  # values per column block of the similarity Gram matrix (64 MB of float32)
-
-HPARAMS = {
-    "lambda": Key(0.01, "weight of the local pull -lambda * cos(theta, theta~_i) (Eq. 9; Table 3 best, "
-                  "authors' default; the text of App. B.1 says 1)", low=0.0),
-    "alpha": Key(0.9, "complementarity weight (0.9 Homo/Dirichlet, 0.5 pathological)", low=0.0),
-    "beta": Key(1.4, "similarity weight (1.4 Homo/Dirichlet, 1.6 pathological)", low=0.0),
-    "k": Key(3, "rank of each client's feature subspace", low=1),
-    "alpha-fraction": Key(0.7, "share of the rounds (from the first) in which alpha is on; 0 afterwards",
-                          low=0.0, high=1.0),
-    "alpha-boundary": Key("paper", "paper: alpha on while t < 0.7 T (t from 0); code: the authors' "
-                          "t / T > 0.7 switches it off, one round later", choices=ALPHA_BOUNDARIES),
-    "sim-vector": Key("delta_init", "similarity of the updates theta_j - theta(0) (authors' code) or of the "
-                      "raw parameters (Eq. 4 as printed)", choices=SIM_VECTORS),
-    "sim-clamp": Key(1.0, "similarities above this become 1 (authors' code: 0.9); 1 = off", low=-1.0, high=1.0),
-    "angles": Key("standard", "standard principal angles (SVD) or the authors' greedy column matching",
-                  choices=ANGLES),
-    "center": Key(False, "centre the features before the SVD (the authors' PCA) instead of Eq. 5's plain SVD"),
-    "regulariser": Key("paper", "paper: -lambda cos(theta, theta~_i) (Eq. 9); authors: +lambda <c_i, theta>/|theta| "
-                       "with c_i = sum_j W_ij theta_j/|theta_j| (their code's sign)", choices=REGULARISERS),
-    "solver": Key("closed_form", "the QP: exact simplex projection for all rows at once, or cvxpy (reference)",
-                  choices=SOLVERS),
-    "eval-model": Key("local", "headline accuracy of theta_i after the client's local training (the spec's output "
-                      "theta_i(T), the authors' 'post' evaluation) or of the aggregated theta~_i ('pre'); both "
-                      "are reported as eval_local_acc and eval_aggregated_acc", choices=EVAL_MODELS),
-}
 
 
 def is_parameter(key: str) -> bool:

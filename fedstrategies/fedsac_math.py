@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-ANGLES = ("standard", "greedy_columns")
-SOLVERS = ("closed_form", "cvxpy")
-ALPHA_BOUNDARIES = ("paper", "code")
 
 
 # ---------------------------------------------------------------- similarity (Eq. 4)

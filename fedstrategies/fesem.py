@@ -20,19 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
 from fedstrategies import pairwise
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fesem_math import assign, centre_weights, initial_centres
-
-HPARAMS = {
-    "clusters": Key(3, "K: number of centre models", low=1),
-    "em-steps": Key(1, "E- and M-steps on each round's models (1: the paper's stochastic EM)", low=1),
-    "weighting": Key("uniform", "weight of a member in its centre's mean: 1 (paper) or its training-set size",
-                     choices=("uniform", "size")),
-    "lambda": Key(0.0, "proximal weight lambda/2 ||w - w~_k||^2 of the client's local objective (0: plain "
-                  "training from the centre, the authors' code)", low=0.0),
-}
 
 
 class FeSEMStrategy(PersonalizedStrategy):

@@ -8,17 +8,10 @@ every client; the head is personal and never leaves the client (clients/gpfl.py 
 
 from __future__ import annotations
 
-from fedcore.config import Key
-from fedcore.conditional_valve import MODULE_PREFIXES, initial_module_weights
+from fedcore.conditional_valve import initial_module_weights
+from fedcore.methods.gpfl import MODULE_PREFIXES
 from fedcore.models import BODY_PREFIX
 from fedstrategies.fedavg import FedAvgStrategy
-
-HPARAMS = {
-    "lambda": Key(0.01, "weight of the magnitude-level guidance ||f_G - GCE(y)||_2 (authors: 0.01 for CNNs and "
-                  "MLPs, 1e-4 for ResNet-18)", low=0.0),
-    "mu": Key(0.1, "weight decay of the GCE and CoV parameters (authors: 0.1 for CNNs and MLPs, 0 for ResNet-18)",
-              low=0.0),
-}
 
 
 class GPFLStrategy(FedAvgStrategy):

@@ -13,19 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcore.config import Key
 from fedstrategies import pairwise
-from fedstrategies.fedamp import HPARAMS as FEDAMP_HPARAMS
 from fedstrategies.fedamp import FedAMPStrategy
 from fedstrategies.fedamp_math import heurfedamp_weights
-
-HPARAMS = {
-    "self-weight": Key(0.5, "xi_ii: the share of the client's own model in its cloud model", low=0.0, high=1.0),
-    "sigma": Key(1.0, "scale of the cosine similarity in the softmax over the other clients", low=0.0),
-    "alpha-k": FEDAMP_HPARAMS["alpha-k"],
-    "lambda": FEDAMP_HPARAMS["lambda"],
-    "start": FEDAMP_HPARAMS["start"],
-}
 
 
 class HeurFedAMPStrategy(FedAMPStrategy):

@@ -18,18 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import ConfigError, Key
+from fedcore.config import ConfigError
 from fedcore.methods.l2gd import (AVERAGING_STEPS, LOCAL_STEPS, METRIC_AVERAGING_STEPS, METRIC_LOCAL_STEPS,
                                     PULL)
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.fedavg import FedAvgStrategy
 
-HPARAMS = {
-    "p": Key(0.1, "probability that a step of the chain is an averaging step (expected local steps per "
-             "round: 1/p)", low=0.0, high=1.0, low_open=True, high_open=True),
-    "lambda": Key(1.0, "lambda: weight of the penalty lambda/(2n) sum ||x_i - x_bar||^2 (0 = purely local, "
-                  "large = one global model)", low=0.0, low_open=True),
-}
 SCHEDULE_STREAM = 23  # the coin's own random stream, apart from client sampling's
 
 

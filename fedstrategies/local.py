@@ -2,8 +2,6 @@
 
 from fedstrategies.base import PersonalizedStrategy
 
-HPARAMS: dict = {}
-
 
 class LocalStrategy(PersonalizedStrategy):
     """No aggregation at all: the lower bound every personalised method has to beat."""

@@ -8,8 +8,6 @@ from flwr.app import MetricRecord
 
 from fedstrategies.base import PersonalizedStrategy
 
-HPARAMS: dict = {}
-
 
 class MajorityStrategy(PersonalizedStrategy):
     """No train messages at all; every evaluation asks each client to score its majority label."""

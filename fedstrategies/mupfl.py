@@ -15,7 +15,8 @@ One round (mupfl.md sections 3-4):
 
 ``bavd``, ``acmu`` and ``pkcf`` switch each module off alone (Table VI); ``clusters`` fixes the
 cluster count (Tables I and V; with the other two modules off this is "FedAvg with clustering").
-The server's rules are in ``fedstrategies/mupfl_math.py``; the message names in ``fedcore/contracts/mupfl.py``.
+The server's rules are in ``fedstrategies/mupfl_math.py``; its declaration (messages, hyperparameters, paper
+settings) in ``fedcore/methods/mupfl.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from fedcore import wire
-from fedcore.config import ConfigError, Key
+from fedcore.config import ConfigError
 from fedcore.methods.mupfl import FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 from fedcore.models import HEAD_PREFIX, bavd_map_shapes, one_torch_thread, seeded_model
 from fedstrategies import mupfl_math as mm
@@ -32,32 +33,6 @@ from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.federated_features import average_class_gradients, match_features
 
-HPARAMS = {
-    "bavd": Key(True, "BAVD: biased activation value dropout on the clients (Table VI ablation)"),
-    "acmu": Key(True, "ACMU: clustered model update before aggregation (off: FedAvg's sample-weighted mean)"),
-    "pkcf": Key(True, "PKCF: classifier pre-training on server-made federated features"),
-    "psi-sign": Key("decrease", "BAVD map weight psi: the loss decrease (default, text) or Eq. 6 as printed",
-                    choices=("decrease", "literal")),
-    "bavd-at-eval": Key(True, "apply the BAVD mask when the client evaluates its model"),
-    "alpha-s": Key(0.5, "weight of the update cosine against the activation-map cosine (Eq. 8)", low=0.0, high=1.0),
-    "min-clusters": Key(2, "smallest cluster count tried (Eq. 13)", low=2),
-    "max-clusters": Key(6, "largest cluster count tried, capped at sampled clients - 1", low=2),
-    "clusters": Key(0, "fixed cluster count (Tables I, V); 0 = chosen by the silhouette score", low=0),
-    "features-per-class": Key(100, "m: federated features per class", low=0),
-    "head-epochs": Key(50, "tau: epochs of classifier pre-training on the federated features", low=0),
-    "match-steps": Key(100, "gradient-matching steps on the federated features per round", low=0),
-    "match-lr": Key(0.01, "step size of the gradient matching (the paper's global lr)", low=0.0, low_open=True),
-    "match-optimizer": Key("adam", "optimiser of the gradient matching: Adam, restarted each round (its step does not "
-                                   "shrink with d), or CReFF's plain SGD", choices=("adam", "sgd")),
-    "pkcf-head": Key("stored", "head the client pre-trains on the federated features: its own head from its last "
-                               "round (v_i, mupfl.md 3.2), the received global one, or a freshly initialised one",
-                     choices=("stored", "received", "fresh")),
-    "samples-per-class": Key(32, "real samples per class for the clients' classifier gradients", low=1),
-    "z-ref": Key("global", "classifier the clients' gradients are taken at: the received global one "
-                           "(the server matches there) or the client's own", choices=("global", "local")),
-    "lr-decay": Key(0.995, "learning-rate factor every lr-decay-every rounds", low=0.0, high=1.0, low_open=True),
-    "lr-decay-every": Key(3, "rounds between learning-rate decays", low=1),
-}
 
 KMEANS_SEED_STREAM = 13
 

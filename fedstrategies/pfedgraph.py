@@ -12,7 +12,7 @@ the data weights p and the cosine similarity S_ij of the model updates theta_j -
 set to 1), which is FedSaC's Eq. 8 with alpha_FedSaC = 0 and beta = 1 / alpha: the Euclidean projection
 of p + S_i / (2 alpha) onto the simplex. Client i then gets theta~_i = sum_j W_ij theta_j and trains it
 with CE - lambda cos(theta, theta~_i). Defaults are the authors' (alpha 0.8, lambda 0.01, clamp 0.9,
-updates from theta(0) over trained parameters only); the local SGD setting is in fedcore/paper_settings.py.
+updates from theta(0) over trained parameters only); the local SGD setting is in fedcore/methods/pfedgraph.py.
 """
 
 from __future__ import annotations
@@ -20,26 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
-from fedcore.methods.fedsac import REGULARISERS
 from fedstrategies.base import weights_schema
-from fedstrategies.fedsac import EVAL_MODELS, SIM_VECTORS, FedSaCStrategy
-from fedstrategies.fedsac_math import SOLVERS, collaboration_graph, graph_diagnostics
-
-HPARAMS = {
-    "lambda": Key(0.01, "weight of the local pull -lambda * cos(theta, theta~_i) (authors' default lam)", low=0.0),
-    "alpha": Key(0.8, "weight of ||a_i - p||^2 against the similarity in the graph objective (the paper's alpha; "
-                 "large: FedAvg's weights p, small: the most similar clients)", low=0.0, low_open=True),
-    "sim-vector": Key("delta_init", "similarity of the updates theta_j - theta(0) (authors' code) or of the raw "
-                      "parameters", choices=SIM_VECTORS),
-    "sim-clamp": Key(0.9, "similarities above this become 1 (authors' code: 0.9); 1 = off", low=-1.0, high=1.0),
-    "regulariser": Key("paper", "paper: -lambda cos(theta, theta~_i); authors: +lambda <c_i, theta>/|theta| with "
-                       "c_i = sum_j W_ij theta_j/|theta_j| (their code's sign)", choices=REGULARISERS),
-    "solver": Key("closed_form", "the QP: exact simplex projection for all rows at once, or cvxpy (reference)",
-                  choices=SOLVERS),
-    "eval-model": Key("local", "headline accuracy of theta_i after local training or of the aggregated theta~_i; "
-                      "both are reported", choices=EVAL_MODELS),
-}
+from fedstrategies.fedsac import FedSaCStrategy
+from fedstrategies.fedsac_math import collaboration_graph, graph_diagnostics
 
 
 class PFedGraphStrategy(FedSaCStrategy):

@@ -15,21 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
 from fedcore.methods.pfedme import UPLOAD
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.fedavg import FedAvgStrategy
-
-HPARAMS = {
-    "lambda": Key(15.0, "lambda: weight of ||theta_i - w||^2 / 2 that ties the personal model to the local one",
-                  low=0.0, low_open=True),
-    "k": Key(5, "K: gradient steps that solve the personal problem approximately, per local round", low=1),
-    "personal-lr": Key(0.01, "step size of those K steps", low=0.0, low_open=True),
-    "beta": Key(1.0, "beta: server mixing, w <- (1 - beta) w + beta * mean of the local models "
-                "(1 = plain averaging)", low=0.0, low_open=True),
-    "evaluate": Key("personal", "model each client is scored with: its personal theta_i (pFedMe(PM)) or the "
-                    "global w (pFedMe(GM))", choices=("personal", "global")),
-}
 
 
 def beta_mix(current: dict[str, np.ndarray], mean: dict[str, np.ndarray], beta: float) -> dict[str, np.ndarray]:

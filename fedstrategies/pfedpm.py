@@ -19,28 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedcore import wire
-from fedcore.config import Key
 from fedcore.methods.pfedpm import GLOBAL_FEATURES, HAS_GLOBAL
 from fedcore.models import heterogeneous_kwargs
 from fedstrategies.base import PersonalizedStrategy
 from fedstrategies.prototypes import aggregate_class_features, check_whole_class_features, merge_class_features
-
-HPARAMS = {
-    "a": Key(0.5, "weight of the client's own class features in the mixed features (Eq. 8); the paper "
-                  "grid-searches it in [0, 1]", low=0.0, high=1.0),
-    "lambda": Key(1.0, "weight of the feature regulariser L_R in the local loss (Eq. 9); the paper uses "
-                       "1 on MNIST/FEMNIST, 0.1 on CIFAR-10", low=0.0),
-    "reg": Key("l2", "L_R: 'l2' = unsquared L2 distance of the mixed feature to the batch's class mean, "
-                     "averaged over the classes in the batch (Eq. 11); 'l2sq' = the same distance squared; "
-                     "'fedproto' = per-sample MSE to the mixed feature of the sample's class (FedProto's code)",
-               choices=("l2", "l2sq", "fedproto")),
-    "agg": Key("weighted", "Eq. 7: 'weighted' (n_ij/N_j weights), 'paper_literal' (as printed, also / "
-                           "number of holders) or 'uniform' (plain mean over holders)",
-               choices=("weighted", "paper_literal", "uniform")),
-    "heterogeneous": Key(False, "pFedPM-mh: client architectures differ by partition id (protocnn: conv2 "
-                                "with 18/20/22 channels by thirds of the ids; resnet18-tv: stem strides "
-                                "(1, 4) for the first half, (2, 2) for the rest)"),
-}
 
 
 class PFedPMStrategy(PersonalizedStrategy):

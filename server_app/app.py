@@ -26,7 +26,6 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedcore import wire
 from fedcore.config import Config
-from fedcore.schema_cache import cached_schema
 from fedcore.models import model_facts
 from fedcore.registry import get_method
 from fedstrategies.base import ClientInfo
@@ -42,7 +41,7 @@ def main(grid: Grid, context: Context) -> None:
     from server_app.nodes import tune_grid
 
     tune_grid(grid)
-    run_experiment(grid, Config.from_run_config(context.run_config, keys=cached_schema()))
+    run_experiment(grid, Config.from_run_config(context.run_config))
 
 
 def _started_at() -> tuple[float, str]:

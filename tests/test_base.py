@@ -15,16 +15,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.registry import REGISTRY, Method
+from fedcore.registry import REGISTRY
 from runner.inprocess import InProcessGrid, run_inprocess
+from tests import toy_method
 from tests.conftest import small_config
 
 
 @pytest.fixture
 def toy(monkeypatch):
     """Register the toy method (tests/toy_method.py) for one test."""
-    monkeypatch.setitem(REGISTRY, "toy", Method("toy", "test method", "tests.toy_method:ToyStrategy",
-                                                "tests.toy_method:ToyClient"))
+    monkeypatch.setitem(REGISTRY, "toy", toy_method.METHOD)
     return "toy"
 
 

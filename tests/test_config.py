@@ -78,3 +78,25 @@ def test_registry_entries_resolve():
         assert method.strategy.__name__ and method.client.__name__, name
     with pytest.raises(ValueError, match="choose one of"):
         get_method("nope")
+
+
+def test_the_schema_and_the_launchers_check_import_neither_torch_nor_flower():
+    """Every method's keys come from its plain declaration (fedcore/methods/), so checking a config costs no torch
+    or Flower import: the launcher checks before it starts anything, and nothing needs a cache."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from runner import flower_cli as fc;"
+            "cfg = fc.check_config({'method': 'fedsac', 'fedsac.solver': 'cvxpy'}, Path('.'));"
+            "from fedcore.registry import REGISTRY; [m.declaration for m in REGISTRY.values()];"
+            "print(cfg['fedsac.solver'], sorted(m for m in ('torch', 'flwr', 'fedstrategies', 'clients') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cvxpy", "[]"]
+
+
+def test_every_registered_method_has_a_declaration_with_its_hyperparameters():
+    for name, method in REGISTRY.items():
+        assert method.declaration.__name__.startswith("fedcore.methods."), name
+        assert method.hparams is method.declaration.HPARAMS, name
+        assert all(key.startswith(f"{name}.") for key in schema() if key.split(".")[0] == name)

@@ -19,10 +19,10 @@ from clients.fedfcd import FedFCDClient, GlobalKnowledge, alignment_loss, fused_
 from clients.training import class_means, extract_features, minibatches
 from fedcore import wire
 from fedcore.config import Config
-from fedcore.methods.fedfcd import GLOBAL_HEAD
+from fedcore.methods.fedfcd import GLOBAL_HEAD, HPARAMS
 from fedcore.models import model_facts
 from fedstrategies.base import ClientInfo, ClientReply
-from fedstrategies.fedfcd import HPARAMS, FedFCDStrategy
+from fedstrategies.fedfcd import FedFCDStrategy
 from fedstrategies.fedfcd_math import GlobalHead
 from server_app import checkpoints
 from tests.conftest import small_config

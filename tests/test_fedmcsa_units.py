@@ -13,10 +13,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
+from fedcore.methods.fedmcsa import DEFAULT_VARIANT, HPARAMS, RECEIVE, UPLOAD, VARIANTS, resolve_options
 from fedcore.models import model_facts
 from fedstrategies.base import ClientInfo
-from fedstrategies.fedmcsa import DEFAULT_VARIANT, HPARAMS, VARIANTS, FedMCSAStrategy, resolve_options
+from fedstrategies.fedmcsa import FedMCSAStrategy
 from fedstrategies.fedmcsa_math import (attention, components, mcsa, mean_weights, size_weighted,
                                         stack_component)
 

@@ -5,7 +5,7 @@ simulation imports the app once: a heavy import paid there is paid on every mess
 start-up. Libraries that only the server of one method needs (scikit-learn for MuPFL's k-means,
 scipy for FedMCSA's softmax and FedSaC's principal angles, cvxpy for FedSaC's reference solver)
 are imported where they are used, so a client of any method never loads them. No client module
-imports server strategy code (``fedstrategies``): message names come from ``fedcore/contracts/``.
+imports server strategy code (``fedstrategies``): message names come from the method's declaration in ``fedcore/methods/``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _imported_modules(path: Path) -> list[str]:
 
 
 def test_no_client_module_imports_server_strategy_code():
-    """A method's message names are in fedcore/contracts/, its shared maths in fedcore/: clients/ never
+    """A method's message names are in fedcore/methods/, its shared maths in fedcore/: clients/ never
     imports fedstrategies/ (a ClientApp would load server code, and the two sides would grow together)."""
     files = sorted(CLIENTS.glob("*.py"))
     assert len(files) > 10

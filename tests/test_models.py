@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedcore.config import MODEL_NAMES
 from fedcore.models import MODELS, SplitModel, build_model, default_model, pick_device
 
 SHAPES = [(60,), (1, 8, 8), (1, 28, 28), (3, 32, 32)]
@@ -161,3 +162,8 @@ def test_fast_max_pool_gives_pytorchs_values_bit_for_bit(name, shape):
         fast, ref = pool(odd), nn.MaxPool2d(2)(odd)
     assert fast.shape == ref.shape == (3, 4, 3, 4)
     assert torch.equal(fast.isnan(), ref.isnan()) and torch.equal(fast.nan_to_num(), ref.nan_to_num())
+
+
+def test_the_schemas_model_names_are_the_registered_models():
+    """The run-config schema names the models without importing torch: the two lists must agree."""
+    assert tuple(MODELS) == MODEL_NAMES

@@ -357,7 +357,7 @@ def test_the_default_matching_halves_the_loss_in_one_round_at_d_1024():
     """#27: at MuPFL's defaults (m, steps, step size, optimiser, N(0, 1) init) the matching loss falls at
     least by half in one server step sequence, on class gradients of real-looking (post-ReLU) features of
     the paper's CNN, d = 1024, 10 classes."""
-    from fedstrategies.mupfl import HPARAMS
+    from fedcore.methods.mupfl import HPARAMS
 
     hp = {k: HPARAMS[k].default for k in ("features-per-class", "match-steps", "match-lr", "match-optimizer")}
     torch.manual_seed(8)

@@ -79,7 +79,7 @@ def test_client_state_keeps_maps_and_counters_across_rounds_and_metrics_reach_ro
 def test_round_one_matching_at_the_default_steps_halves_the_loss_and_rounds_csv_has_both_columns(tmp_path):
     """#27: rounds.csv carries match-loss-before and match-loss every round; at the default matching
     (steps, step size, optimiser) the loss falls at least by half in round 1 and stays low after."""
-    from fedstrategies.mupfl import HPARAMS
+    from fedcore.methods.mupfl import HPARAMS
 
     defaults = {f"mupfl.{k}": HPARAMS[k].default for k in ("match-steps", "match-lr", "match-optimizer")}
     _, rows, _ = _run(tmp_path, "match", **{**defaults, "num-server-rounds": 2, "batch-size": 32})

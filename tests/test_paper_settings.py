@@ -4,9 +4,18 @@ import pytest
 
 from fedcore.config import Config, ConfigError, schema
 from fedcore.models import build_model
-from fedcore.paper_settings import AUTO_KEYS, FALLBACK, PAPER_SETTINGS, paper_setting
+from fedcore.paper_settings import AUTO_KEYS, FALLBACK, paper_setting
 from fedcore.registry import REGISTRY
 from partitions import DATASETS
+
+# each method's own table, from its declaration (fedcore/methods/<name>.py)
+PAPER_SETTINGS = {name: m.declaration.PAPER_SETTINGS for name, m in REGISTRY.items()
+                  if hasattr(m.declaration, "PAPER_SETTINGS")}
+
+
+def test_the_five_papers_and_five_rivals_declare_their_settings():
+    assert set(PAPER_SETTINGS) == {"pfedpm", "fedmcsa", "fedfcd", "mupfl", "fedsac", "creff", "pfedgraph", "fedgh",
+                                   "gpfl", "pfedme"}
 
 
 def test_every_entry_names_a_registered_method_a_known_dataset_and_an_auto_key():
@@ -20,7 +29,7 @@ def test_every_entry_names_a_registered_method_a_known_dataset_and_an_auto_key()
 @pytest.mark.parametrize("method", sorted(PAPER_SETTINGS))
 def test_method_alone_gets_its_paper_values_on_each_dataset(method):
     for dataset in DATASETS:
-        expected = paper_setting(method, dataset)
+        expected = paper_setting(method, dataset, {})
         cfg = Config.from_run_config({"method": method, "dataset": dataset})
         for key in AUTO_KEYS:
             if key in expected:

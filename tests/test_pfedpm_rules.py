@@ -28,10 +28,10 @@ from clients.training import class_means, extract_features
 from fedcore import wire
 from fedcore.config import Config, ConfigError
 from fedcore.methods.fedproto import HAS_PROTOTYPES
-from fedcore.methods.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, RELATION_ACC, RELATION_LOSS
+from fedcore.methods.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, HPARAMS, RELATION_ACC, RELATION_LOSS
 from fedcore.models import build_model, model_facts, seed_torch
 from fedstrategies.base import ClientInfo
-from fedstrategies.pfedpm import HPARAMS, PFedPMStrategy
+from fedstrategies.pfedpm import PFedPMStrategy
 from fedstrategies.prototypes import (aggregate_class_features, check_class_features, check_whole_class_features,
                                       merge_class_features)
 from tests.conftest import small_config

@@ -163,7 +163,7 @@ def test_fedamp_self_weight_goes_negative_when_alpha_k_m_over_sigma_exceeds_one(
 
 
 def test_fedamp_defaults_keep_every_self_weight_non_negative_up_to_101_clients():
-    from fedstrategies.fedamp import HPARAMS
+    from fedcore.methods.fedamp import HPARAMS
 
     alpha, sigma = HPARAMS["alpha-k"].default, HPARAMS["sigma"].default
     assert np.all(np.diag(fedamp_weights(np.zeros((101, 101)), alpha, sigma)) >= -1e-12)

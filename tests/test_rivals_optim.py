@@ -26,7 +26,7 @@ from fedcore.config import Config, ConfigError
 from fedcore.methods.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER
 from fedcore.methods.l2gd import AVERAGING_STEPS, LOCAL_STEPS as L2GD_LOCAL_STEPS, PULL
 from fedcore.methods.pfedme import UPLOAD
-from fedcore.fednova import effective_steps
+from fedcore.methods.fednova import effective_steps
 from fedcore.models import model_facts
 from fedstrategies.base import ArraySpec, ClientInfo, ClientReply
 from fedstrategies.fednova import FedNovaStrategy, normalized_average

@@ -16,15 +16,13 @@ import torch.nn.functional as F
 from clients.base import ClientMethod, EvalResult
 from clients.training import evaluate_model
 from fedcore import wire
-from fedcore.config import Key
 from fedcore.models import seeded_model
 from fedcore.registry import Method
 from fedstrategies.base import PersonalizedStrategy
+from tests.toy_declaration import RECORD, STEPS_TAG
 
-HPARAMS = {"steps": Key(3, "SGD steps per round", low=1)}
-METHOD = Method("toy", "test method", "tests.toy_method:ToyStrategy", "tests.toy_method:ToyClient")  # REGISTRY["toy"]
-RECORD = "toy"
-STEPS_TAG = "steps-so-far"
+METHOD = Method("toy", "test method", "tests.toy_method:ToyStrategy", "tests.toy_method:ToyClient",
+                "tests.toy_declaration")  # REGISTRY["toy"]
 
 
 def lr_for(server_round: int) -> float:

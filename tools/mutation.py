@@ -39,7 +39,7 @@ TARGETS: dict[str, Target] = {
     "pfedpm": Target(("fedstrategies/pfedpm.py", "fedstrategies/prototypes.py", "clients/pfedpm.py"),
                      ("tests/test_pfedpm_rules.py",)),
     "fedmcsa": Target(("fedstrategies/fedmcsa.py", "fedstrategies/fedmcsa_math.py", "clients/fedmcsa.py",
-                       "fedcore/fedmcsa_variants.py"),
+                       "fedcore/methods/fedmcsa.py"),
                       ("tests/test_fedmcsa.py", "tests/test_fedmcsa_units.py")),
     "fedfcd": Target(("fedstrategies/fedfcd.py", "fedstrategies/fedfcd_math.py", "clients/fedfcd.py"),
                      ("tests/test_fedfcd_units.py", "tests/test_fedfcd.py")),
@@ -50,7 +50,8 @@ TARGETS: dict[str, Target] = {
                      ("tests/test_fedsac.py", "tests/test_fedsac_units.py")),
     "fedgh": Target(("fedstrategies/fedgh.py", "clients/fedgh.py"), ("tests/test_rivals_heads.py",)),
     "fedrod": Target(("fedstrategies/fedrod.py", "clients/fedrod.py"), ("tests/test_rivals_heads.py",)),
-    "gpfl": Target(("fedstrategies/gpfl.py", "clients/gpfl.py", "fedcore/conditional_valve.py"), ("tests/test_rivals_heads.py",)),
+    "gpfl": Target(("fedstrategies/gpfl.py", "clients/gpfl.py", "fedcore/conditional_valve.py"),
+                   ("tests/test_rivals_heads.py",)),
     "fedamp": Target(("fedstrategies/fedamp.py", "fedstrategies/heurfedamp.py", "fedstrategies/fedamp_math.py",
                       "fedstrategies/pairwise.py", "clients/fedamp.py"), ("tests/test_rivals_cluster.py",)),
     "cfl": Target(("fedstrategies/cfl.py", "fedstrategies/cfl_math.py", "clients/cfl.py"), ("tests/test_rivals_cluster.py",)),
@@ -59,7 +60,7 @@ TARGETS: dict[str, Target] = {
     "per-fedavg": Target(("fedstrategies/per_fedavg.py", "clients/per_fedavg.py"), ("tests/test_rivals_optim.py",)),
     "pfedme": Target(("fedstrategies/pfedme.py", "clients/pfedme.py"), ("tests/test_rivals_optim.py",)),
     "l2gd": Target(("fedstrategies/l2gd.py", "clients/l2gd.py"), ("tests/test_rivals_optim.py",)),
-    "fednova": Target(("fedstrategies/fednova.py", "clients/fednova.py", "fedcore/fednova.py"),
+    "fednova": Target(("fedstrategies/fednova.py", "clients/fednova.py", "fedcore/methods/fednova.py"),
                       ("tests/test_rivals_optim.py",)),
 }
 
@@ -117,7 +118,7 @@ def run(method: str, workers: int, fresh: bool, survivors: bool = False) -> floa
                 shutil.copy2(ROOT / name, work / name)
     pyproject = work / "pyproject.toml"
     pyproject.write_text((ROOT / "pyproject.toml").read_text() + _mutmut_config(target, workers))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFL_SCHEMA_CACHE": "0", "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     mutmut = [sys.executable, "-m", "mutmut"]
     names: list[str] = []
     if survivors:

@@ -1,17 +1,16 @@
-"""Message contracts: for each method, the names of what its strategy and its client send each way.
+"""Method declarations: for each method, one plain module ``fedcore/methods/<name>.py`` that both its strategy and
+its client import, holding
 
-A method whose messages carry more than the shared names of ``fedcore.wire`` (the ``weights`` and
-``class-features`` records, the base config keys and metrics) declares the rest in a module here,
-``fedcore/contracts/<method>.py``, with each item's shape and meaning:
+- its message contract, beyond the shared names of ``fedcore.wire`` (the ``weights`` and ``class-features``
+  records, the base config keys and metrics): server -> client, the array records of its train/evaluate (and
+  round-0 prepare) messages and the config keys it writes into the message's ``config`` record; client -> server,
+  the array records of its replies and its method metrics (they travel as ``wire.METHOD_METRIC_PREFIX + name``;
+  evaluation metrics become ``eval_<name>`` columns). The keys inside a record are given with their shapes in
+  each record's comment;
+- ``HPARAMS``: its run-config keys ``<name>.<key>`` with their defaults, choices and bounds;
+- ``PAPER_SETTINGS`` where the paper fixes the common training keys (``fedcore.paper_settings`` resolves them),
+  and any small rule both sides compute the same way.
 
-- server -> client: the array records of its train/evaluate (and round-0 prepare) messages and the
-  config keys it writes into the message's ``config`` record (flags and modes the client reads);
-- client -> server: the array records of its replies and its method metrics (they travel as
-  ``wire.METHOD_METRIC_PREFIX + name``; evaluation metrics become ``eval_<name>`` columns).
-
-Both ``fedstrategies/<method>.py`` and ``clients/<method>.py`` import their names from here, so a
-ClientApp never imports server strategy code (``tests/test_imports.py`` checks it). These modules
-hold plain strings only: a client pays nothing to import them. The keys inside a record (its arrays)
-are given with their shapes in each record's comment. Methods that send only ``fedcore.wire`` names
-(FedAvg, FedProx, FedPer, FedRep, Ditto, FedAvg+FT, Local, Majority) have no module here.
+They import neither torch nor Flower, so the run-config schema is built from them in a few ms and a ClientApp
+never imports server strategy code (``tests/test_imports.py`` and ``tests/test_config.py`` check both).
 """

@@ -1,4 +1,4 @@
-"""CReFF's message contract (see ``fedcore.contracts``).
+"""CReFF's declaration (see ``fedcore.methods``): message contract and hyperparameters.
 
 server -> client (train): ``wire.WEIGHTS`` (the FedAvg global model) and ``RETRAINED_HEAD``, the classifier
     re-trained on the federated features, at which the client takes its class gradients.
@@ -7,7 +7,35 @@ client -> server (train): ``wire.WEIGHTS`` (the trained model) and ``GRADIENTS``
     "present" (K,)), taken at the global body and the re-trained classifier before local training.
 """
 
+from __future__ import annotations
+
+from fedcore.config import Key
 from fedcore.methods.mupfl import GRADIENTS  # noqa: F401  (the same record as MuPFL's PKCF)
+from fedcore.paper_settings import GREY_28, same_model
 
 # record: "head.weight" (K, d), "head.bias" (K,): the classifier re-trained on the federated features
 RETRAINED_HEAD = "retrained-head"
+
+# ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
+HPARAMS = {
+    "features-per-class": Key(100, "federated features per class (CReFF's num_of_feature)", low=1),
+    "match-steps": Key(100, "gradient-matching steps per round (match_epoch)", low=0),
+    "match-lr": Key(0.1, "step size of the gradient matching (lr_feature)", low=0.0, low_open=True),
+    "match-optimizer": Key("sgd", "optimiser of the gradient matching: CReFF's SGD or Adam restarted each round",
+                           choices=("sgd", "adam")),
+    "retrain-epochs": Key(300, "epochs of classifier re-training on the federated features (crt_epoch)", low=0),
+    "retrain-lr": Key(0.01, "SGD step size of the classifier re-training (lr_net)", low=0.0, low_open=True),
+    "retrain-batch": Key(32, "batch size of the classifier re-training", low=1),
+    "samples-per-class": Key(32, "real samples per class for the clients' class gradients (batch_real)", low=1),
+}
+
+
+# ---------------------------------------------------------------- paper settings (fedcore.paper_settings)
+# CReFF (Shang et al. 2022), authors' code: SGD lr 0.1 (lr_local_training), batch 32, 10 local epochs, 8 of 20 clients
+# a round; ResNet-8 on CIFAR, MuPFL's CNN where MuPFL compares against it on 28x28 images
+PAPER_SETTINGS = {
+    "*": {"lr": 0.1, "momentum": 0.0, "weight-decay": 0.0, "batch-size": 32, "local-epochs": 10,
+          "fraction-train": 0.4},
+    **same_model("mupflcnn", *GREY_28),
+    **same_model("resnet8", "cifar10", "cifar100"),
+}

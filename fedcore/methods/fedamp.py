@@ -1,4 +1,4 @@
-"""FedAMP's and HeurFedAMP's message contract (see ``fedcore.contracts``).
+"""FedAMP's and HeurFedAMP's declaration (see ``fedcore.methods``): message contract and hyperparameters.
 
 server -> client (train):
     ``CLOUD``: the client's cloud model u_i = sum_j xi_ij w_j, the centre of its proximal term.
@@ -7,7 +7,22 @@ client -> server (train):
 Evaluation sends nothing: each client scores its own w_i, kept in its state.
 """
 
+from __future__ import annotations
+
+from fedcore.config import Key
+
 # record: the cloud model u_i, arrays by state-dict key (the model's shapes and dtypes)
 CLOUD = "fedamp-cloud"
 # method metric (train): ||w_i - u_i||^2 after local training
 DIST_TO_CLOUD = "dist-to-cloud"
+
+# ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
+HPARAMS = {
+    "alpha-k": Key(1.0, "alpha_k: step of the message passing (xi_ij = alpha_k A'(d_ij^2)) and 1/alpha_k in the "
+                   "client's proximal weight", low=0.0, low_open=True),
+    "sigma": Key(100.0, "sigma of the attention function A(x) = 1 - exp(-x / sigma) on squared model distances; "
+                 "xi_ii >= 0 for every distance while alpha_k (m - 1) / sigma <= 1", low=0.0, low_open=True),
+    "lambda": Key(1.0, "lambda: the client minimises F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2", low=0.0),
+    "start": Key("own", "where local training starts: the client's own model w_i (PFLlib) or its cloud model u_i",
+                 choices=("own", "cloud")),
+}

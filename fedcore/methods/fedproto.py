@@ -1,4 +1,4 @@
-"""FedProto's message contract (see ``fedcore.contracts``).
+"""FedProto's declaration (see ``fedcore.methods``): message contract and hyperparameters.
 
 server -> client (train and evaluate):
     ``wire.CLASS_FEATURES``: the global prototypes, once there are any (``HAS_PROTOTYPES``).
@@ -6,5 +6,15 @@ client -> server (train):
     ``wire.CLASS_FEATURES``: the client's class prototypes (class-mean features) with class counts.
 """
 
+from __future__ import annotations
+
+from fedcore.config import Key
+
 # config flag: the message carries global prototypes (false in round 1, before any aggregation)
 HAS_PROTOTYPES = "has-global-prototypes"
+
+# ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
+HPARAMS = {
+    "lambda": Key(1.0, "weight of the prototype-distance regulariser", low=0.0),
+    "aggregation": Key("weighted", "per-class mean of prototypes", choices=("weighted", "uniform")),
+}

@@ -1,4 +1,4 @@
-"""L2GD's message contract (see ``fedcore.contracts``).
+"""L2GD's declaration (see ``fedcore.methods``): message contract and hyperparameters.
 
 server -> client:
     train: ``wire.WEIGHTS`` (the mean model x_bar of the last replies, the initial model in round 1) and
@@ -9,6 +9,10 @@ client -> server (train):
     ``wire.WEIGHTS`` (x_i after its local steps).
 """
 
+from __future__ import annotations
+
+from fedcore.config import Key
+
 # ---------------------------------------------------------------- server -> client (config keys)
 AVERAGING_STEPS = "l2gd-averaging-steps"  # int >= 0: consecutive averaging steps x_i <- x_i - pull (x_i - x_bar)
 LOCAL_STEPS = "l2gd-local-steps"  # int >= 1: consecutive local steps x_i <- x_i - lr grad f_i(x_i)
@@ -17,3 +21,11 @@ PULL = "l2gd-pull"  # float in (0, 1]: alpha * lambda / (n p), the share of the 
 # ---------------------------------------------------------------- method metrics (server side, rounds.csv)
 METRIC_AVERAGING_STEPS = "averaging-steps"
 METRIC_LOCAL_STEPS = "local-steps"
+
+# ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
+HPARAMS = {
+    "p": Key(0.1, "probability that a step of the chain is an averaging step (expected local steps per "
+             "round: 1/p)", low=0.0, high=1.0, low_open=True, high_open=True),
+    "lambda": Key(1.0, "lambda: weight of the penalty lambda/(2n) sum ||x_i - x_bar||^2 (0 = purely local, "
+                  "large = one global model)", low=0.0, low_open=True),
+}

@@ -1,4 +1,4 @@
-"""MuPFL's message contract (see ``fedcore.contracts``).
+"""MuPFL's declaration (see ``fedcore.methods``): message contract and hyperparameters.
 
 server -> client (train and evaluate):
     ``wire.WEIGHTS`` (the global model), ``FEATURES`` when ``HAS_FEATURES`` says so, and the round's
@@ -8,6 +8,11 @@ client -> server (train):
     on and the model has BAVD layers).
 K classes, d feature width, m = ``features-per-class``.
 """
+
+from __future__ import annotations
+
+from fedcore.config import Key
+from fedcore.paper_settings import GREY_28, same_model
 
 # ---------------------------------------------------------------- server -> client
 HAS_FEATURES = "has-features"  # config flag: the message carries the federated features
@@ -20,3 +25,44 @@ MAPS = "bavd-maps"  # record: one float32 H x W activation map per BAVD layer, k
 # received head (fedcore.class_gradients; zeros for absent classes), "present" (K,) float32 0/1
 GRADIENTS = "class-gradients"
 BAVD_KEEP = "bavd-keep"  # method metric (train): share of activation positions BAVD keeps
+
+# ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
+HPARAMS = {
+    "bavd": Key(True, "BAVD: biased activation value dropout on the clients (Table VI ablation)"),
+    "acmu": Key(True, "ACMU: clustered model update before aggregation (off: FedAvg's sample-weighted mean)"),
+    "pkcf": Key(True, "PKCF: classifier pre-training on server-made federated features"),
+    "psi-sign": Key("decrease", "BAVD map weight psi: the loss decrease (default, text) or Eq. 6 as printed",
+                    choices=("decrease", "literal")),
+    "bavd-at-eval": Key(True, "apply the BAVD mask when the client evaluates its model"),
+    "alpha-s": Key(0.5, "weight of the update cosine against the activation-map cosine (Eq. 8)", low=0.0, high=1.0),
+    "min-clusters": Key(2, "smallest cluster count tried (Eq. 13)", low=2),
+    "max-clusters": Key(6, "largest cluster count tried, capped at sampled clients - 1", low=2),
+    "clusters": Key(0, "fixed cluster count (Tables I, V); 0 = chosen by the silhouette score", low=0),
+    "features-per-class": Key(100, "m: federated features per class", low=0),
+    "head-epochs": Key(50, "tau: epochs of classifier pre-training on the federated features", low=0),
+    "match-steps": Key(100, "gradient-matching steps on the federated features per round", low=0),
+    "match-lr": Key(0.01, "step size of the gradient matching (the paper's global lr)", low=0.0, low_open=True),
+    "match-optimizer": Key("adam", "optimiser of the gradient matching: Adam, restarted each round (its step does not "
+                                   "shrink with d), or CReFF's plain SGD", choices=("adam", "sgd")),
+    "pkcf-head": Key("stored", "head the client pre-trains on the federated features: its own head from its last "
+                               "round (v_i, mupfl.md 3.2), the received global one, or a freshly initialised one",
+                     choices=("stored", "received", "fresh")),
+    "samples-per-class": Key(32, "real samples per class for the clients' classifier gradients", low=1),
+    "z-ref": Key("global", "classifier the clients' gradients are taken at: the received global one "
+                           "(the server matches there) or the client's own", choices=("global", "local")),
+    "lr-decay": Key(0.995, "learning-rate factor every lr-decay-every rounds", low=0.0, high=1.0, low_open=True),
+    "lr-decay-every": Key(3, "rounds between learning-rate decays", low=1),
+}
+
+
+# ---------------------------------------------------------------- paper settings (fedcore.paper_settings)
+# SGD lr 0.01, no momentum, batch 64, phi = 10 local epochs, 20% participation; the paper's CNN with its BAVD sites for
+# 28x28 images
+PAPER_SETTINGS = {
+    "*": {"lr": 0.01, "momentum": 0.0, "weight-decay": 0.0, "batch-size": 64, "local-epochs": 10,
+          "fraction-train": 0.2},
+    **same_model("mupflcnn", *GREY_28),
+    # the spec's resolution of the unstated augmentation: crop + flip on CIFAR
+    **{name: {"model": "mupflcnn", "augmentation": "crop-flip"} for name in ("cifar10", "cifar100")},
+    "digits": {"model": "mupflcnn"},  # padding 2 keeps 8x8 inputs whole: BAVD has its sites here too
+}

@@ -1,0 +1,16 @@
+"""HeurFedAMP's declaration (see ``fedcore.methods``): its hyperparameters; its messages are FedAMP's
+(``fedcore.methods.fedamp``)."""
+
+from __future__ import annotations
+
+from fedcore.config import Key
+from fedcore.methods.fedamp import HPARAMS as FEDAMP_HPARAMS
+
+# ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
+HPARAMS = {
+    "self-weight": Key(0.5, "xi_ii: the share of the client's own model in its cloud model", low=0.0, high=1.0),
+    "sigma": Key(1.0, "scale of the cosine similarity in the softmax over the other clients", low=0.0),
+    "alpha-k": FEDAMP_HPARAMS["alpha-k"],
+    "lambda": FEDAMP_HPARAMS["lambda"],
+    "start": FEDAMP_HPARAMS["start"],
+}
