@@ -120,7 +120,7 @@ class MuPFLClient(ClientMethod):
     def pretrain_head(self, model, content, tag: int) -> None:
         """Eq. 21: tau epochs of SGD on the classifier alone over (H, y_H); the extractor is never
         touched (only the head's parameters are in the optimiser, and H never enters the body)."""
-        features = wire.unpack_arrays(content[FEATURES])["features"]
+        features = wire.unpack_arrays(content[FEATURES])[wire.FEATURES]
         H = torch.tensor(features, device=self.env.device)  # a copy of the read-only view
         labels = cg.synthetic_labels(self.data.num_classes, self.hp["features-per-class"], self.env.device)
         if len(H) != len(labels):

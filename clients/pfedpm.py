@@ -159,10 +159,10 @@ class PFedPMClient(ClientMethod):
         if arrays is None:
             return None
         dev = self.env.device
-        return torch.as_tensor(arrays["class-ids"], device=dev), torch.as_tensor(arrays["features"], device=dev)
+        return torch.as_tensor(arrays[wire.CLASS_IDS], device=dev), torch.as_tensor(arrays[wire.FEATURES], device=dev)
 
     def _store(self, name: str, ids: torch.Tensor, feats: torch.Tensor) -> None:
-        self.env.save_arrays(name, {"class-ids": ids.to(torch.int64), "features": feats.to(torch.float32)})
+        self.env.save_arrays(name, {wire.CLASS_IDS: ids.to(torch.int64), wire.FEATURES: feats.to(torch.float32)})
 
     def global_features(self, content) -> tuple[torch.Tensor, torch.Tensor] | None:
         """G from the train message, or None when the server says it has none yet."""
@@ -170,7 +170,7 @@ class PFedPMClient(ClientMethod):
             return None
         arrays = wire.unpack_arrays(content.array_records[GLOBAL_FEATURES])
         dev = self.env.device  # torch.tensor copies the read-only views
-        return torch.tensor(arrays["class-ids"], device=dev), torch.tensor(arrays["features"], device=dev)
+        return torch.tensor(arrays[wire.CLASS_IDS], device=dev), torch.tensor(arrays[wire.FEATURES], device=dev)
 
     # ------------------------------------------------------------------ the two steps
     def body_head_loss(self, table: torch.Tensor | None, reg_log: list):

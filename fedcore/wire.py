@@ -34,6 +34,11 @@ METRICS = "metrics"
 RESERVED_RECORDS = (CONFIG, METRICS)
 WEIGHTS = "weights"
 CLASS_FEATURES = "class-features"
+# array keys of the class-feature payload (and of the records made of class features: pFedPM's global features,
+# MuPFL's federated features): (K,) int64 class ids, (K, d) float32 features, (K,) int64 counts
+CLASS_IDS = "class-ids"
+FEATURES = "features"
+COUNTS = "counts"
 
 # Message actions beyond Flower's train/evaluate
 HANDSHAKE = "query.handshake"
@@ -261,9 +266,9 @@ def pack_class_features(class_ids: np.ndarray, features: np.ndarray, counts: np.
     """Class-mean features (one row per class present) as one record (compact arrays)."""
     return pack_arrays(
         {
-            "class-ids": np.asarray(class_ids, dtype=np.int64),
-            "features": np.asarray(features, dtype=np.float32),
-            "counts": np.asarray(counts, dtype=np.int64),
+            CLASS_IDS: np.asarray(class_ids, dtype=np.int64),
+            FEATURES: np.asarray(features, dtype=np.float32),
+            COUNTS: np.asarray(counts, dtype=np.int64),
         },
         compact=True,
     )
@@ -271,10 +276,10 @@ def pack_class_features(class_ids: np.ndarray, features: np.ndarray, counts: np.
 
 def unpack_class_features(record: ArrayRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     arrays = unpack_arrays(record)
-    return arrays["class-ids"], arrays["features"], arrays["counts"]
+    return arrays[CLASS_IDS], arrays[FEATURES], arrays[COUNTS]
 
 
-CLASS_FEATURES_SCHEMA = {"class-ids": None, "features": None, "counts": None}
+CLASS_FEATURES_SCHEMA = {CLASS_IDS: None, FEATURES: None, COUNTS: None}
 
 
 # ----------------------------------------------------------------------------- bytes on the wire

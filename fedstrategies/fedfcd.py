@@ -89,9 +89,9 @@ class FedFCDStrategy(PersonalizedStrategy):
     def aggregate(self, server_round, replies):
         """Train phi_g on this round's (LFR, label) pairs (Eq. 4), then update the GFRs (Eq. 5)."""
         parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
-        ids = [p["class-ids"] for p in parts]
-        feats = [p["features"] for p in parts]
-        counts = [p["counts"] for p in parts]
+        ids = [p[wire.CLASS_IDS] for p in parts]
+        feats = [p[wire.FEATURES] for p in parts]
+        counts = [p[wire.COUNTS] for p in parts]
         x, y = feature_pairs(parts)
         before = self.head.loss(x, y)
         batch_loss = self.head.train(x, y, batch_size=self.hp["server-batch-size"], epochs=self.hp["server-epochs"],

@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from fedcore.models import one_torch_thread
+from fedcore.wire import CLASS_IDS, FEATURES
 
 
 def feature_pairs(parts: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """The server head's training set: every (class-mean feature, class) pair of the replies' class-feature records,
     one pair per (client, class), unweighted (FedFCD's Eq. 4, FedGH's header step)."""
-    x = torch.from_numpy(np.concatenate([p["features"] for p in parts]).astype(np.float32, copy=False))
-    y = torch.from_numpy(np.concatenate([p["class-ids"] for p in parts]).astype(np.int64, copy=False))
+    x = torch.from_numpy(np.concatenate([p[FEATURES] for p in parts]).astype(np.float32, copy=False))
+    y = torch.from_numpy(np.concatenate([p[CLASS_IDS] for p in parts]).astype(np.int64, copy=False))
     return x, y
 
 

@@ -64,7 +64,7 @@ class FedProtoStrategy(PersonalizedStrategy):
     def aggregate(self, server_round, replies):
         parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
         new = aggregate_class_features(
-            [p["class-ids"] for p in parts], [p["features"] for p in parts], [p["counts"] for p in parts],
+            [p[wire.CLASS_IDS] for p in parts], [p[wire.FEATURES] for p in parts], [p[wire.COUNTS] for p in parts],
             self.num_classes, self.hp["aggregation"])
         old = None if self.protos is None else (self.class_ids, self.protos, self.counts)
         self.class_ids, self.protos, self.counts = merge_class_features(new, old)

@@ -80,7 +80,7 @@ class MuPFLStrategy(PersonalizedStrategy):
         payload = {wire.WEIGHTS: self._packed}
         if with_features:
             if self._packed_features is None:
-                self._packed_features = wire.pack_arrays({"features": self.features})
+                self._packed_features = wire.pack_arrays({wire.FEATURES: self.features})
             payload[FEATURES] = self._packed_features
         return payload
 

@@ -45,7 +45,8 @@ class PFedPMStrategy(PersonalizedStrategy):
         if self.features is None:  # round 1: nothing to send, the flag says so
             return {}
         if self._packed is None:  # one record shared by every client: packed and counted once
-            self._packed = wire.pack_arrays({"class-ids": self.class_ids, "features": self.features}, compact=True)
+            self._packed = wire.pack_arrays({wire.CLASS_IDS: self.class_ids, wire.FEATURES: self.features},
+                                            compact=True)
         return {GLOBAL_FEATURES: self._packed}
 
     def train_config(self, pid, server_round):
@@ -56,7 +57,7 @@ class PFedPMStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------------ up
     def reply_schema(self, pid):
         n, d = self._n_classes[pid], self.model.feature_dim
-        return {wire.CLASS_FEATURES: {"class-ids": (n,), "features": (n, d), "counts": (n,)}}
+        return {wire.CLASS_FEATURES: {wire.CLASS_IDS: (n,), wire.FEATURES: (n, d), wire.COUNTS: (n,)}}
 
     def check_reply(self, reply):
         # Eq. 6 averages the whole local set: n_ij is the class's size from the handshake
@@ -75,8 +76,8 @@ class PFedPMStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------------ rule
     def aggregate(self, server_round, replies):
         parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]
-        new = aggregate_class_features([p["class-ids"] for p in parts], [p["features"] for p in parts],
-                                       [p["counts"] for p in parts], self.num_classes, self.hp["agg"])
+        new = aggregate_class_features([p[wire.CLASS_IDS] for p in parts], [p[wire.FEATURES] for p in parts],
+                                       [p[wire.COUNTS] for p in parts], self.num_classes, self.hp["agg"])
         reported = len(new[0])
         old = None if self.features is None else (self.class_ids, self.features, self.counts)
         self.class_ids, self.features, self.counts = merge_class_features(new, old)

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedcore.wire import CLASS_IDS, COUNTS, FEATURES
+
 
 def aggregate_class_features(
     class_ids: Sequence[np.ndarray],
@@ -62,7 +64,7 @@ def merge_class_features(new, old):
 def check_class_features(arrays: dict[str, np.ndarray], num_classes: int, width: int) -> str | None:
     """Why a class-features upload is malformed, or None: shapes must agree, ids be distinct and in
     range, counts positive, and the feature width equal ``width`` (from round 1 on)."""
-    ids, feats, counts = arrays["class-ids"], arrays["features"], arrays["counts"]
+    ids, feats, counts = arrays[CLASS_IDS], arrays[FEATURES], arrays[COUNTS]
     if ids.ndim != 1 or feats.ndim != 2 or counts.shape != ids.shape or len(feats) != len(ids):
         return f"class-features shapes do not agree: ids {ids.shape}, features {feats.shape}, counts {counts.shape}"
     if ids.dtype.kind not in "iu" or counts.dtype.kind not in "iu":
@@ -84,7 +86,7 @@ def check_whole_class_features(arrays: dict[str, np.ndarray], num_classes: int, 
     problem = check_class_features(arrays, num_classes, width)
     if problem:
         return problem
-    ids, counts = arrays["class-ids"], arrays["counts"]
+    ids, counts = arrays[CLASS_IDS], arrays[COUNTS]
     if not np.array_equal(np.sort(ids), np.flatnonzero(own_counts)):
         return (f"class ids {sorted(ids.tolist())} are not the client's classes "
                 f"{np.flatnonzero(own_counts).tolist()}")
