@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner import certs
-from server_app import fast_runtime
+from runner import fast_runtime
 from runner import flower_cli as fc
 from runner.staged_app import stage_app
 
@@ -108,7 +108,7 @@ class LocalDeployment:
         return env
 
     def _launch(self, cmd: list[str], home: Path, log: str, host: Host):
-        exe = [sys.executable, "-m", "server_app.fast_runtime", cmd[0].split("-")[-1]] \
+        exe = [sys.executable, "-m", "runner.fast_runtime", cmd[0].split("-")[-1]] \
             if cmd[0] in ("flower-supernode", "flower-superexec") and self.runtime == "fast" else [fc.bin_path(cmd[0])]
         # the SuperLink's own SuperExec (Flower's) polls only to start a run's ServerApp; the SuperNodes'
         # forking SuperExecs wait their own way (fast_runtime._TaskPoll)

@@ -20,7 +20,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from runner import flower_cli as fc
-from server_app.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
+from runner.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
 from runner.ray_head import RayHead, RayHeadEnded
 from runner.staged_app import stage_app
 

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 
 from fedcore import wire
 from fedstrategies.base import ClientInfo
-from server_app import vce_wakeup
+from fedcore import flower_patches as vce_wakeup
 
 PULL_INTERVALS_S = (0.01, 0.05)  # first and longest wait between pulls (each wait 1.5x the last)
 IN_MEMORY_PULL_INTERVAL_S = 0.01  # simulation: a pull is a dict lookup, Flower's default waits 0.1 s
@@ -50,7 +50,7 @@ def tune_grid(grid: Grid) -> None:
     if isinstance(grid, InMemoryGrid):
         grid.pull_interval = IN_MEMORY_PULL_INTERVAL_S
     elif isinstance(grid, HttpGrid):
-        from server_app.fast_runtime import fast_object_pulls
+        from runner.fast_runtime import fast_object_pulls
 
         fast_object_pulls(PULL_INTERVALS_S[1])
 

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 from clients import base, partition_cache
 from fedcore.config import Config
 from runner import certs
-from server_app import fast_runtime
+from runner import fast_runtime
 
 
 def test_certificates_chain_to_the_ca_with_the_right_names_and_private_keys_stay_private(tmp_path):

@@ -183,7 +183,7 @@ def test_vce_wakeup_wakes_flowers_message_mover_and_keeps_its_stop():
 
     from flwr.server.superlink.fleet.vce import vce_api
 
-    from server_app import vce_wakeup
+    from fedcore import flower_patches as vce_wakeup
 
     class State:  # the LinkState calls the loop makes: count them
         def __init__(self):
