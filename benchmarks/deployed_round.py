@@ -7,7 +7,7 @@ every round, ``client-threads=1`` so that N clients share the cores alike everyw
 
 * ``simulation``: ``flwr run`` on Flower's Ray engine (``server_app.launch``),
 * ``deployed (Flower)``: flower-superlink + flower-supernode on loopback, Flower's commands as shipped,
-* ``deployed (fast)``: the same with ``server_app.fast_runtime`` (no fixed sleeps, ClientApps forked
+* ``deployed (fast)``: the same with ``runner.fast_runtime`` (no fixed sleeps, ClientApps forked
   from a warm SuperExec),
 
 and the round time is the ServerApp's own ``wall_s`` (rounds.csv): the median over rounds 2..R

@@ -1,36 +1,194 @@
-"""Wake Flower's simulation engine when the ServerApp has pushed messages, instead of letting it
-find them at its next 0.1 s poll.
+"""Every change this project makes to Flower's private internals, in one module, applied only where asked.
 
-Flower 1.41's simulation engine runs in the same process as the ServerApp (``flwr-simulation``). One
-thread (``vce_api.add_messages_to_queue``) moves new messages from the LinkState to the workers'
-queue, then sleeps ``f_stop.wait(0.1)``; there is no setting for that interval. Every phase of every
-round therefore started 0 to 0.1 s (0.05 s on average) after the ServerApp sent its messages: twice a
-round, 5% of a 20-client mnist5k round and 15% of a 2-client one. A second extracting thread is not an
-option: ``get_message_ins`` marks messages delivered outside the state's lock, so two extractors could
-both take one message.
+The fast runtime (``RUNTIME=fast``, ``--runtime fast``, the launcher's default; ``PFL_RUNTIME`` in the
+processes it starts) takes out waits that Flower 1.41 hard-codes and offers no setting for:
 
-``kick()`` finds that thread once, replaces the ``wait`` of its stop event (a plain
-``threading.Event`` that only this thread waits on) by a wait on a wake-up event with the same
-timeout, and sets the wake-up event; the loop then takes the new messages at once and still polls
-every 0.1 s on its own. ``f_stop.set()`` still ends the loop at once (it sets the wake-up event
-too). Where the thread is not found (another Flower version, not a simulation), nothing changes.
+* ``object_pulls``: message objects asked for before they are all there are retried after 10 ms, not after
+  Flower's first back-off of 1 s (``inflatable_utils`` pull functions' keyword defaults);
+* ``supernode_sleep``: the SuperNode's 3 s idle poll and 0.5 s reply waits (``start_client_internal.time``);
+* ``fab_install``: an installed FAB is not unpacked and hash-checked again for every ClientApp
+  (``run_clientapp.install_from_fab``);
+* ``superexec``: ClientApps forked from a pre-imported SuperExec and its fixed task poll replaced
+  (``run_superexec.get_executor`` and ``run_superexec.time``);
+* ``kick``: the simulation engine's message mover woken when the ServerApp has pushed messages, instead of
+  at its next 0.1 s poll (the stop event of ``vce_api.add_messages_to_queue``).
+
+Each patch first checks the installed Flower version and the signature of what it replaces, and refuses
+with ``FlowerMismatch`` (naming what differs and the way out: the stock runtime) rather than change an
+internal it does not know; ``check_all`` runs every check without patching (``tests/test_flower_patches.py``
+fails when an upgraded Flower no longer matches). Results are the stock runtime's: the patches change
+when waits end, never what is computed (tests compare runs of both).
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 import threading
+import time
+from importlib.metadata import version
 
+RUNTIME_ENV = "PFL_RUNTIME"  # "fast" in the processes of a fast-runtime run (set by runner/), else stock Flower
+FAST, STOCK = "fast", "flower"
+SUPPORTED_FLOWER = ("1.41.",)  # the versions whose internals these patches were written against
+
+_PULL_DEFAULTS = {"initial_backoff", "backoff_cap", "max_tries_per_object"}
+_SIGNATURES = {  # the parameters of what is replaced or wrapped, as Flower 1.41 has them
+    "install_from_fab": ["fab_file", "install_dir", "skip_prompt"],
+    "get_executor": ["executor_type", "executor_config", "insecure", "root_certificates_path"],
+    "add_messages_to_queue": ["state", "queue", "nodes_mapping", "f_stop"],
+}
+
+
+class FlowerMismatch(RuntimeError):
+    """The installed Flower is not the one a patch was written for: the patch is refused."""
+
+
+def asked() -> bool:
+    """Whether this process belongs to a fast-runtime run (``PFL_RUNTIME=fast``)."""
+    return os.environ.get(RUNTIME_ENV, STOCK) == FAST
+
+
+def _refuse(what: str) -> None:
+    raise FlowerMismatch(f"{what} (installed Flower {version('flwr')}; these patches were written for "
+                         f"{', '.join(v + 'x' for v in SUPPORTED_FLOWER)}): run with Flower's stock runtime "
+                         "(RUNTIME=flower, --runtime flower) or update fedcore/flower_patches.py")
+
+
+def check_version() -> None:
+    if not version("flwr").startswith(SUPPORTED_FLOWER):
+        _refuse("Flower's internals may differ")
+
+
+def _check_signature(fn, name: str) -> None:
+    params = list(inspect.signature(fn).parameters)
+    if params != _SIGNATURES[name]:
+        _refuse(f"{name} takes {params}, not {_SIGNATURES[name]}")
+
+
+def _check_time_module(module, where: str) -> None:
+    if getattr(module, "time", None) is not time and not _is_stand_in(getattr(module, "time", None)):
+        _refuse(f"{where} no longer sleeps through a module-level `time`")
+
+
+def _is_stand_in(obj) -> bool:
+    return getattr(obj, "_pfl_time_stand_in", False)
+
+
+def check_object_pulls() -> list:
+    check_version()
+    from flwr.supercore.inflatable import inflatable_utils
+
+    fns = [inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree]
+    for fn in fns:
+        if not _PULL_DEFAULTS <= set(fn.__kwdefaults__ or {}):
+            _refuse(f"{fn.__name__} has no keyword defaults {sorted(_PULL_DEFAULTS)}")
+    return fns
+
+
+def check_supernode_sleep():
+    check_version()
+    from flwr.supernode import start_client_internal
+
+    _check_time_module(start_client_internal, "the SuperNode loop (start_client_internal)")
+    return start_client_internal
+
+
+def check_fab_install():
+    check_version()
+    from flwr.supernode.runtime import run_clientapp
+
+    install = getattr(run_clientapp.install_from_fab, "__wrapped__", run_clientapp.install_from_fab)
+    _check_signature(install, "install_from_fab")
+    return run_clientapp
+
+
+def check_superexec():
+    check_version()
+    from flwr.supercore.superexec import run_superexec
+
+    _check_signature(getattr(run_superexec.get_executor, "__wrapped__", run_superexec.get_executor), "get_executor")
+    _check_time_module(run_superexec, "the SuperExec loop (run_superexec)")
+    return run_superexec
+
+
+def check_message_mover(target=None) -> None:
+    check_version()
+    if target is None:
+        from flwr.server.superlink.fleet.vce.vce_api import add_messages_to_queue as target
+    _check_signature(target, "add_messages_to_queue")
+
+
+def check_all() -> None:
+    """Every patch's check, nothing patched: raises FlowerMismatch when the installed Flower differs."""
+    check_object_pulls()
+    check_supernode_sleep()
+    check_fab_install()
+    check_superexec()
+    check_message_mover()
+
+
+# ---------------------------------------------------------------- the patches
+def object_pulls(cap: float) -> None:
+    """Retry unavailable message objects after 10 ms, doubling up to ``cap``, instead of Flower's 1 s
+    doubling up to 10 s; the total wait is still bounded by Flower's own ``max_time`` (2 h)."""
+    for fn in check_object_pulls():
+        fn.__kwdefaults__.update(initial_backoff=0.01, backoff_cap=cap, max_tries_per_object=None)
+
+
+def supernode_sleep(stand_in) -> None:
+    """The SuperNode loop sleeps through ``stand_in`` (an object with the ``time`` module's API)."""
+    check_supernode_sleep().time = _mark(stand_in)
+
+
+def fab_install(wrap) -> None:
+    """``run_clientapp.install_from_fab`` becomes ``wrap(install_from_fab)``."""
+    module = check_fab_install()
+    wrapped = wrap(module.install_from_fab)
+    wrapped.__wrapped__ = module.install_from_fab
+    module.install_from_fab = wrapped
+
+
+def superexec(wrap_executor, stand_in) -> None:
+    """The SuperExec's executors become ``wrap_executor(executor)`` and its loop sleeps through ``stand_in``."""
+    module = check_superexec()
+    flower_get_executor = module.get_executor
+
+    def get_executor(*args, **kwargs):
+        return wrap_executor(flower_get_executor(*args, **kwargs))
+
+    get_executor.__wrapped__ = flower_get_executor
+    module.get_executor = get_executor
+    module.time = _mark(stand_in)
+
+
+def _mark(stand_in):
+    try:
+        stand_in._pfl_time_stand_in = True
+    except AttributeError:
+        pass
+    return stand_in
+
+
+# ---------------------------------------------------------------- waking the simulation engine
+# Flower 1.41's simulation engine runs in the ServerApp's process. One thread (``add_messages_to_queue``) moves
+# new messages from the LinkState to the workers' queue, then sleeps ``f_stop.wait(0.1)``: every phase of every
+# round started 0 to 0.1 s after the ServerApp sent it (5% of a 20-client mnist5k round). A second extracting
+# thread is no option: ``get_message_ins`` marks messages delivered outside the state's lock. ``kick`` replaces
+# the ``wait`` of that thread's stop event (a plain ``threading.Event`` only it waits on) by a wait on a wake-up
+# event with the same timeout, and sets the wake-up event; the loop still polls every 0.1 s on its own, and
+# ``f_stop.set()`` still ends it at once.
 _EXTRACTOR = "add_messages_to_queue"
 _WAKE = "_pfl_wake"  # the wake-up event, kept on the stop event it belongs to
 
 
-def _extractor_stop_event() -> threading.Event | None:
+def _extractor_thread() -> tuple[threading.Event, object] | None:
     for thread in threading.enumerate():
         target = getattr(thread, "_target", None)
         args = getattr(thread, "_args", ())
         if (getattr(target, "__name__", "") == _EXTRACTOR and "vce" in getattr(target, "__module__", "")
                 and len(args) >= 4 and isinstance(args[3], threading.Event)):
-            return args[3]
+            return args[3], target
     return None
 
 
@@ -55,11 +213,13 @@ def _hook(f_stop: threading.Event) -> threading.Event:
 
 def kick() -> bool:
     """Wake the simulation engine's message mover; False where there is none in this process."""
-    f_stop = _extractor_stop_event()
-    if f_stop is None:
+    found = _extractor_thread()
+    if found is None:
         return False
+    f_stop, target = found
     wake = getattr(f_stop, _WAKE, None)
     if wake is None:
+        check_message_mover(target)
         wake = _hook(f_stop)
         setattr(f_stop, _WAKE, wake)
     wake.set()

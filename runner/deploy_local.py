@@ -7,7 +7,7 @@ FLWR_HOME and free ports, the run is submitted with ``flwr run . <connection>`` 
 * ``--secure``: a CA, a SuperLink certificate and one key pair per SuperNode (``server_app.certs``);
   the SuperLink serves TLS with ``--enable-supernode-auth``, each SuperNode's public key is
   registered with ``flwr supernode register`` before it starts, and the CLI verifies the CA.
-* ``--runtime fast`` (default): SuperNodes and ClientApp SuperExecs from ``server_app.fast_runtime``
+* ``--runtime fast`` (default): SuperNodes and ClientApp SuperExecs from ``runner.fast_runtime``
   (Flower's own, without its fixed sleeps and without a cold process per message); ``--runtime
   flower`` runs Flower's commands exactly as shipped.
 * ``Host``: where a process runs (a command prefix such as ``ip netns exec <ns>`` and the address
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner import certs
+from fedcore import flower_patches
 from runner import fast_runtime
 from runner import flower_cli as fc
 from runner.staged_app import stage_app
@@ -64,7 +65,7 @@ class LocalDeployment:
     secure : bool
         TLS + SuperNode authentication (keys registered with ``flwr supernode register``).
     runtime : str
-        "fast" (``server_app.fast_runtime``) or "flower" (Flower's commands as shipped).
+        "fast" (``runner.fast_runtime``, ``fedcore.flower_patches``) or "flower" (Flower's commands as shipped).
     link_host : Host
         Where the SuperLink runs; the ``flwr`` CLI runs here, in this process's network.
     link_names : list[str]
@@ -102,8 +103,10 @@ class LocalDeployment:
 
     def _env(self, home: Path, task_poll_s: str | None = None) -> dict:
         env = fc.flower_env(home)
-        if self.runtime == "fast" and task_poll_s is not None:
-            env.setdefault(fast_runtime.TASK_POLL_ENV, task_poll_s)  # Flower's own setting
+        if self.runtime == "fast":  # the ServerApp applies its patches only in a fast-runtime run
+            env[flower_patches.RUNTIME_ENV] = flower_patches.FAST
+            if task_poll_s is not None:
+                env.setdefault(fast_runtime.TASK_POLL_ENV, task_poll_s)  # Flower's own setting
         env["PYTHONPATH"] = str(self.app_dir) + os.pathsep + env.get("PYTHONPATH", "")
         return env
 
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", type=Path, default=Path("."))
     parser.add_argument("--secure", action="store_true", help="TLS + SuperNode authentication")
     parser.add_argument("--runtime", choices=("fast", "flower"), default="fast",
-                        help="fast: server_app.fast_runtime; flower: Flower's commands as shipped")
+                        help="fast: runner.fast_runtime; flower: Flower's commands as shipped")
     parser.add_argument("--workdir", type=Path, default=None, help="logs, FLWR_HOMEs, keys (default: a temp dir)")
     args = parser.parse_args(argv)
     fc.exit_on_sigterm()

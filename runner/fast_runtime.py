@@ -12,19 +12,21 @@ Where a deployed round's time goes in Flower 1.41 (measured, see README "Deploym
   instead: ``server_app.nodes.send_and_receive``);
 * whoever pulls a message's objects (SuperNode from the SuperLink, ClientApp from its SuperNode,
   ServerApp from the SuperLink) and asks before they are all there waits Flower's first back-off,
-  1 s (``fast_object_pulls``);
+  1 s (``fedcore.flower_patches.object_pulls``);
 * every ClientApp unzips and hash-checks the run's FAB again before it finds it installed, and
   builds its first optimizer, which imports ``torch._dynamo`` (1.4 to 2.2 s).
 
-``python -m server_app.fast_runtime supernode <flower-supernode args>`` is ``flower-supernode`` with
+``python -m runner.fast_runtime supernode <flower-supernode args>`` is ``flower-supernode`` with
 those sleeps shortened: its idle poll backs off from 10 ms after work to ``PFL_SUPERNODE_POLL_S``
-(default 0.2 s). ``python -m server_app.fast_runtime superexec <flower-superexec args>`` is
+(default 0.2 s). ``python -m runner.fast_runtime superexec <flower-superexec args>`` is
 ``flower-superexec`` that imports torch and Flower's ClientApp runtime once and forks each ClientApp
 from itself: the same ``run_clientapp`` Flower runs, with the same token and Runtime API, only
 without a cold interpreter, with object pulls retried after 10 ms, an installed FAB not unpacked
 again, and its ask for the next task woken when a ClientApp ends. The app itself is still imported
 fresh in every fork from the FAB of its run, so a new FAB is never served by old code. Everything
-else (TLS, authentication, node config) is Flower's own; both accept exactly Flower's flags.
+else (TLS, authentication, node config) is Flower's own; both accept exactly Flower's flags. The
+changes to Flower's internals are ``fedcore.flower_patches``', which refuse a Flower they were not
+written for; both commands mark their processes (and the ClientApps they fork) ``PFL_RUNTIME=fast``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import signal
 import sys
 import time
 import traceback
+
+from fedcore import flower_patches
 
 POLL_ENV = "PFL_SUPERNODE_POLL_S"
 PRELOAD_ENV = "PFL_SUPEREXEC_PRELOAD"
@@ -56,22 +60,6 @@ DEFAULT_TASK_POLL_CAP_S = 0.2
 SERVERAPP_TASK_POLL_S = "0.5"
 # longest wait between a ClientApp's retries of message objects from its own SuperNode (a local call)
 LOCAL_PULL_CAP_S = 0.02
-
-
-def fast_object_pulls(cap: float) -> None:
-    """Retry unavailable message objects after 10 ms, doubling up to ``cap``, instead of Flower's 1 s
-    doubling up to 10 s.
-
-    A SuperNode or a ClientApp that asks for a message's objects before the other side has them all
-    (the usual case: the SuperNode is still fetching them from the SuperLink when its ClientApp
-    starts) waits the whole first back-off, 0.8 to 1.2 s, for objects that arrive a few ms later.
-    Flower's pull functions take these as keyword defaults with no setting, so their defaults are
-    changed in this process. The total wait is still bounded by Flower's own ``max_time`` (2 h).
-    """
-    from flwr.supercore.inflatable import inflatable_utils
-
-    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        fn.__kwdefaults__.update(initial_backoff=0.01, backoff_cap=cap, max_tries_per_object=None)
 
 
 def install_fab_once(install):
@@ -157,12 +145,12 @@ class _CappedSleep:
 def supernode(argv: list[str]) -> None:
     """``flower-supernode`` whose idle poll backs off from 10 ms to ``PFL_SUPERNODE_POLL_S`` and whose
     waits for its ClientApp's reply are 10 ms."""
-    from flwr.supernode import start_client_internal
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     cap = float(os.environ.get(POLL_ENV, DEFAULT_POLL_S))
-    start_client_internal.time = _CappedSleep(cap)
-    fast_object_pulls(cap)
+    os.environ[flower_patches.RUNTIME_ENV] = flower_patches.FAST
+    flower_patches.supernode_sleep(_CappedSleep(cap))
+    flower_patches.object_pulls(cap)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
@@ -289,19 +277,16 @@ def superexec(argv: list[str]) -> None:
     for name in filter(None, os.environ.get(PRELOAD_ENV, DEFAULT_PRELOAD).split(",")):
         importlib.import_module(name.strip())
     from flwr.supercore.cli.flower_superexec import flower_superexec
-    from flwr.supercore.superexec import run_superexec
-    from flwr.supernode.runtime import run_clientapp as flower_clientapp
 
+    os.environ[flower_patches.RUNTIME_ENV] = flower_patches.FAST
     # set once here, inherited by every forked ClientApp: its pulls go to its own SuperNode, which
     # is still fetching the message from the SuperLink when the task starts; with the SuperNode's
     # cap (0.2 s) a task waited 0.19 s on average for objects that had arrived long before
-    fast_object_pulls(LOCAL_PULL_CAP_S)
-    flower_clientapp.install_from_fab = install_fab_once(flower_clientapp.install_from_fab)
-    flower_get_executor = run_superexec.get_executor
+    flower_patches.object_pulls(LOCAL_PULL_CAP_S)
+    flower_patches.fab_install(install_fab_once)
     task_ended_r, task_ended_w = os.pipe()
-    run_superexec.get_executor = lambda *args, **kwargs: ForkExecutor(flower_get_executor(*args, **kwargs),
-                                                                      task_ended_w)
-    run_superexec.time = _TaskPoll(task_ended_r, cap=float(os.environ.get(TASK_POLL_CAP_ENV, DEFAULT_TASK_POLL_CAP_S)))
+    poll = _TaskPoll(task_ended_r, cap=float(os.environ.get(TASK_POLL_CAP_ENV, DEFAULT_TASK_POLL_CAP_S)))
+    flower_patches.superexec(lambda executor: ForkExecutor(executor, task_ended_w), poll)
     sys.argv = ["flower-superexec", *argv]
     flower_superexec()
 
@@ -310,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"supernode": supernode, "superexec": superexec}
     if not argv or argv[0] not in commands:
-        sys.exit(f"usage: python -m server_app.fast_runtime {{{','.join(commands)}}} <Flower's own flags>")
+        sys.exit(f"usage: python -m runner.fast_runtime {{{','.join(commands)}}} <Flower's own flags>")
     commands[argv[0]](argv[1:])
 
 

@@ -19,6 +19,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from fedcore import flower_patches
 from runner import flower_cli as fc
 from runner.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
 from runner.ray_head import RayHead, RayHeadEnded
@@ -30,7 +31,7 @@ COMMAND_T0 = time.time()  # when this command started: start-up time is measured
 class LocalSimulationLink:
     """A private ``flower-superlink --simulation`` that this process starts and stops."""
 
-    def __init__(self, app_dir: Path, flwr_home: Path, started: float | None = None):
+    def __init__(self, app_dir: Path, flwr_home: Path, started: float | None = None, runtime: str = "fast"):
         self.app_dir = app_dir
         self.home = flwr_home
         self.port = fc.free_port()
@@ -40,6 +41,10 @@ class LocalSimulationLink:
         # the SuperExec that the SuperLink starts polls for the run every second (Flower's own setting);
         # the simulation then started up to 1 s after it was submitted
         self.env.setdefault(TASK_POLL_ENV, FAST_TASK_POLL_S)
+        if runtime not in (flower_patches.FAST, flower_patches.STOCK):
+            raise ValueError(f"runtime must be 'fast' or 'flower', not {runtime!r}")
+        # fast: the ServerApp wakes the simulation engine after each push (fedcore.flower_patches.kick)
+        self.env[flower_patches.RUNTIME_ENV] = runtime
         self.proc = None
         self.app: Path | None = None  # the staged app that ``flwr run`` builds its FAB from
         self.ray: RayHead | None = None
@@ -100,9 +105,11 @@ class LocalSimulationLink:
 
 def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = Path("."),
              cpus_per_client: int = 1, gpus_per_client: float = 0.0, stream: bool = True,
-             timeout: float = 7200, flwr_home: Path | None = None, started: float | None = None) -> dict:
+             timeout: float = 7200, flwr_home: Path | None = None, started: float | None = None,
+             runtime: str = "fast") -> dict:
     """Run one simulation; returns {"status", "details", "summary" (or None), "results_dir", "run_id",
-    "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts."""
+    "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts. ``runtime``:
+    "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower as shipped)."""
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
@@ -111,7 +118,7 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
     runs, ray_failure, cli_failure = [], None, None
     try:
-        with LocalSimulationLink(app_dir, home, started or time.time()) as link:
+        with LocalSimulationLink(app_dir, home, started or time.time(), runtime) as link:
             args = ["run", str(link.app), "--run-config", fc.toml_overrides(config), "--federation-config", federation]
             try:
                 runs = _submit_and_wait(link, args, app_dir, stream, timeout)
@@ -188,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="GPU share per simulated client; default: the GPUs shared by as many clients as run "
                              "at once (0 without a GPU)")
     parser.add_argument("--app", default=".", help="the Flower App directory")
+    parser.add_argument("--runtime", choices=(flower_patches.FAST, flower_patches.STOCK), default=flower_patches.FAST,
+                        help="fast: the ServerApp wakes Flower's simulation engine after each push "
+                             "(fedcore.flower_patches); flower: Flower as shipped")
     args = parser.parse_args(argv)
     from fedcore.config import ConfigError
     from server_app.results import RunFolderError
@@ -199,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = simulate(overrides, supernodes=args.supernodes, app_dir=Path(args.app),
                           cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                          started=COMMAND_T0)
+                          started=COMMAND_T0, runtime=args.runtime)
     except (ConfigError, RunFolderError) as err:
         print(f"configuration error: {err}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 
 The tools that start, deploy and compare runs live in ``runner``. ``python -m server_app.<tool>`` (the
 Make targets, docs and presets name them so) still runs ``runner/<tool>.py``: the finder below resolves
-those ten names to runner's files, so no second copy of a tool lives here.
+those names to runner's files, so no second copy of a tool lives here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib.util
 import sys
 
 TOOLS = ("launch", "flower_cli", "ray_head", "staged_app", "deploy_local", "docker_stack", "netns", "certs",
-         "compare", "inprocess")
+         "compare", "inprocess", "fast_runtime")
 
 
 class _ToolAlias(importlib.abc.MetaPathFinder):

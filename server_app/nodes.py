@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 
 from fedcore import wire
 from fedstrategies.base import ClientInfo
-from fedcore import flower_patches as vce_wakeup
+from fedcore import flower_patches
 
 PULL_INTERVALS_S = (0.01, 0.05)  # first and longest wait between pulls (each wait 1.5x the last)
 IN_MEMORY_PULL_INTERVAL_S = 0.01  # simulation: a pull is a dict lookup, Flower's default waits 0.1 s
@@ -41,18 +41,16 @@ def tune_grid(grid: Grid) -> None:
 
     Simulation (``InMemoryGrid``): its ``send_and_receive`` sleeps ``pull_interval`` (0.1 s) between
     pulls, so each phase ended up to 0.1 s after its last reply, twice per round; 10 ms instead.
-    Deployed (``HttpGrid``): a reply's objects that are not on the SuperLink yet are retried after
-    10 ms, not Flower's fixed 1 s (``fast_runtime.fast_object_pulls``).
+    Deployed (``HttpGrid``), in a fast-runtime run only (``PFL_RUNTIME=fast``): a reply's objects that are not on
+    the SuperLink yet are retried after 10 ms, not Flower's fixed 1 s (``flower_patches.object_pulls``).
     """
     from flwr.superlink.grid import InMemoryGrid
     from flwr.superlink.grid.http_grid import HttpGrid
 
     if isinstance(grid, InMemoryGrid):
         grid.pull_interval = IN_MEMORY_PULL_INTERVAL_S
-    elif isinstance(grid, HttpGrid):
-        from runner.fast_runtime import fast_object_pulls
-
-        fast_object_pulls(PULL_INTERVALS_S[1])
+    elif isinstance(grid, HttpGrid) and flower_patches.asked():
+        flower_patches.object_pulls(PULL_INTERVALS_S[1])
 
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
@@ -61,9 +59,9 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
     On Flower's deployed grid (``HttpGrid``, whose own loop sleeps 3 s) the waits between pulls grow
     from 10 ms to 50 ms: quick replies are seen at once, long training costs few requests (the
     ServerApp's ``main`` shortens the retries of a reply's objects likewise, once per run). In
-    simulation (``InMemoryGrid``, a pull is a look-up) every wait is the grid's ``pull_interval`` and
-    the engine is woken as soon as the messages are in (``vce_wakeup``). Any other grid (in-process)
-    keeps its own ``send_and_receive``.
+    simulation (``InMemoryGrid``, a pull is a look-up) every wait is the grid's ``pull_interval`` and,
+    in a fast-runtime run, the engine is woken as soon as the messages are in (``flower_patches.kick``).
+    Any other grid (in-process) keeps its own ``send_and_receive``.
     """
     from flwr.superlink.grid import InMemoryGrid
     from flwr.superlink.grid.http_grid import HttpGrid
@@ -74,7 +72,8 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
     waiting = set(grid.push_messages(messages))
     first, longest = PULL_INTERVALS_S
     if isinstance(grid, InMemoryGrid):  # simulation: the engine takes the messages now, not at its next poll
-        vce_wakeup.kick()
+        if flower_patches.asked():
+            flower_patches.kick()
         first = longest = grid.pull_interval
     deadline = time.monotonic() + timeout
     replies: list[Message] = []

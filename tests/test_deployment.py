@@ -55,6 +55,20 @@ def test_fedavg_deploys_on_loopback_without_tls(tmp_path):
     assert [r["replies"] for r in _rounds(result)] == ["2", "2"]
 
 
+@pytest.mark.long
+def test_the_fast_runtime_deploys_with_stock_flowers_results(tmp_path):
+    """``--runtime fast`` (the default) changes when Flower's waits end, never what is computed: the same
+    FedAvg deployment on Flower's commands as shipped (``--runtime flower``) ends with the very same numbers."""
+    columns = ("acc_weighted", "acc_client_mean", "loss", "train_loss")
+    rows = {}
+    for runtime in ("fast", "flower"):
+        result = deploy(_config(tmp_path / runtime, "fedavg"), supernodes=2, app_dir=ROOT,
+                        workdir=tmp_path / runtime / "deploy", runtime=runtime, timeout=600)
+        assert result["status"] == "finished:completed", result
+        rows[runtime] = [[r[c] for c in columns] for r in _rounds(result)]
+    assert rows["fast"] == rows["flower"]
+
+
 def test_fedproto_deploys_with_tls_and_supernode_auth_refusing_strangers(tmp_path):
     """TLS + --enable-supernode-auth: a SuperNode whose key is not registered is refused, one that
     trusts another CA cannot connect, the registered two run FedProto to the end, and no private

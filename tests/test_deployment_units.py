@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
 from clients import base, partition_cache
+from fedcore import flower_patches
 from fedcore.config import Config
 from runner import certs
 from runner import fast_runtime
@@ -116,7 +117,7 @@ def test_fast_object_pulls_retry_a_missing_object_after_10_ms_not_flowers_1_s(mo
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
         monkeypatch.setattr(fn, "__kwdefaults__", dict(fn.__kwdefaults__))  # restored after the test
     monkeypatch.setattr(inflatable_utils.threading, "Event", RecordingEvent)
-    fast_runtime.fast_object_pulls(0.03)
+    flower_patches.object_pulls(0.03)
     assert inflatable_utils.pull_objects(["a"], pull_after_three_misses) == {"a": b"content"}
     assert len(waits) == 3
     assert 0.008 <= waits[0] <= 0.012  # 10 ms +- Flower's 20% jitter

@@ -69,6 +69,20 @@ def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_
 
 
 @pytest.mark.long
+@pytest.mark.long
+def test_the_fast_runtime_gives_stock_flowers_results(tmp_path):
+    """The fast runtime is the launcher's default because it changes when waits end, never what is computed:
+    the same run on Flower as shipped (runtime='flower', no patch applied) ends with the very same numbers."""
+    results = {name: simulate({"method": "ditto", "dataset": "digits", "num-server-rounds": 2,
+                               "results-dir": str(tmp_path), "run-name": name}, supernodes=3, app_dir=ROOT,
+                              stream=False, timeout=600, flwr_home=tmp_path / f"home-{name}", runtime=name)
+               for name in ("fast", "flower")}
+    assert all(r["status"] == "finished:completed" for r in results.values()), results
+    columns = ("acc_weighted", "acc_client_mean", "loss", "train_loss")
+    fast, stock = ([[r[c] for c in columns] for r in _rounds(tmp_path, name)] for name in ("fast", "flower"))
+    assert fast == stock
+
+
 def test_a_failing_server_app_is_reported_as_failed(tmp_path):
     """flwr run exits 0 here; the launcher must still see the failure. A bad config is refused before
     anything starts; a run to resume whose checkpoints folder holds no readable checkpoint passes that

@@ -175,7 +175,7 @@ def test_waiting_for_a_run_asks_flwr_ls_only_when_the_simulation_process_is_gone
     assert link.asked <= 100 / fc.LS_EVERY_S + 2
 
 
-def test_vce_wakeup_wakes_flowers_message_mover_and_keeps_its_stop():
+def test_flower_patches_kick_wakes_flowers_message_mover_and_keeps_its_stop():
     """kick() finds the thread running Flower's own ``vce_api.add_messages_to_queue``; after it, the
     loop's wait ends on a kick (tested with a wait far longer than Flower's 0.1 s) and on a stop."""
     import queue
@@ -183,7 +183,7 @@ def test_vce_wakeup_wakes_flowers_message_mover_and_keeps_its_stop():
 
     from flwr.server.superlink.fleet.vce import vce_api
 
-    from fedcore import flower_patches as vce_wakeup
+    from fedcore import flower_patches
 
     class State:  # the LinkState calls the loop makes: count them
         def __init__(self):
@@ -193,16 +193,16 @@ def test_vce_wakeup_wakes_flowers_message_mover_and_keeps_its_stop():
             self.calls += 1
             return []
 
-    assert not vce_wakeup.kick()  # no engine in this process: nothing to do
+    assert not flower_patches.kick()  # no engine in this process: nothing to do
     state, f_stop = State(), threading.Event()
     mover = threading.Thread(target=vce_api.add_messages_to_queue, args=(state, queue.Queue(), {7: 0}, f_stop),
                              daemon=True)
     mover.start()
     try:
-        assert vce_wakeup.kick()
+        assert flower_patches.kick()
         waiter = threading.Thread(target=f_stop.wait, args=(600,), daemon=True)
         waiter.start()
-        vce_wakeup.kick()
+        flower_patches.kick()
         waiter.join(10)
         assert not waiter.is_alive()  # woken by the kick, not after 600 s
         assert state.calls >= 1 and not f_stop.is_set()
