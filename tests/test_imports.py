@@ -76,3 +76,17 @@ def test_importing_the_clientapp_and_every_client_module_loads_no_strategy_modul
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_server_app_is_the_serverapp_alone_and_its_old_tool_names_still_run_the_runners():
+    """server_app/ holds the ServerApp (round loop, nodes, checkpoints, results); the tools live in runner/, and
+    ``python -m server_app.<tool>`` (Make targets, docs, presets) resolves to runner's file, not to a copy."""
+    import importlib.util
+
+    import server_app
+
+    assert sorted(p.stem for p in (ROOT / "server_app").glob("*.py")) == ["__init__", "app", "checkpoints", "nodes",
+                                                                        "results"]
+    for tool in server_app.TOOLS:
+        origin = Path(importlib.util.find_spec(f"server_app.{tool}").origin)
+        assert origin == ROOT / "runner" / f"{tool}.py", tool
