@@ -3,8 +3,8 @@
 The common training keys below default to ``"auto"``. A key left at ``"auto"`` takes the selected method's value
 for the selected dataset (its ``"*"`` entry covers every dataset), else the project-wide fallback. A key given a
 value in the run config always wins, so a comparison preset that sets ``lr`` (the same learning-rate rule for every
-method) is not changed by this table. The values come from each paper's hyperparameter table as the specs in
-``shared/specs/<method>.md`` read them; which source each value has is in docs/papers/<method>.md.
+method) is not changed by this table. The values come from each paper's hyperparameter table as our implementation
+specs read them; which source each value has is in docs/papers/<method>.md.
 
 Both sides import this module (the ServerApp and every ClientApp resolve the same config), so it holds plain
 values only.

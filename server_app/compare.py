@@ -409,6 +409,8 @@ def made_line(preset: dict) -> str:
         f"; re-rendered from table.csv at `{made['rerendered']}`." if made.get("rerendered") else ".")
     if "commits" in made:
         line += " " + provenance.commits_line(made["commits"])
+        if made.get("source_hash"):  # --reuse keeps only runs whose source hash is the current one
+            line += f" Every run has source hash `{made['source_hash']}` (sha256 of the source packages)."
     else:
         line += " The runs' own commits were not recorded (run folders did not record them then)."
     if made.get("dirty"):

@@ -65,3 +65,4 @@ def test_nothing_in_the_repository_points_outside_it():
         if path.suffix in (".md", ".py", ".toml", ".txt", ".cfg") and path.name != "test_paper_numbers.py":
             text = path.read_text(errors="replace")
             assert "../shared/" not in text and "/work/" not in text, path
+            assert "shared/specs" not in text and "shared/papers" not in text, path
