@@ -84,7 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--out", type=Path, default=Path("docs/results/deployed-round"))
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
+    from runner.provenance import guard
+
+    guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only
     fc.exit_on_sigterm()
     engines = [e.strip() for e in args.engines.split(",")]
     work = Path(tempfile.mkdtemp(prefix="pfl-bench-deploy-"))

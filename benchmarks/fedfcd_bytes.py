@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import subprocess
 from pathlib import Path
 
-from runner.compare import _commit, entries, load_preset, run_all
+from runner.compare import entries, load_preset, made_line, run_all
+from runner.provenance import command_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,11 +38,9 @@ def table(preset: dict, out: Path, command: str) -> str:
     method_of = {e.label: e.method for e in entries(preset)}
     data = {label: traffic(out / "runs" / f"{label}-s{seed}" / "rounds.csv") for label in model_of}
     reference = {model_of[label]: data[label] for label in data if method_of[label] == "fedavg"}
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     lines = [
-        f"Made by `{command}` at commit `{commit}` (seed {seed}, {preset['compare'].get('supernodes')} clients, "
-        f"{preset['run-config'].get('num-server-rounds')} rounds, evaluation every round).",
+        f"{made_line(preset)} Seed {seed}, {preset['compare'].get('supernodes')} clients, "
+        f"{preset['run-config'].get('num-server-rounds')} rounds, evaluation every round.",
         "Bytes per training round, summed over clients; % of FedAvg: (up + down) over FedAvg's on the same model; "
         "with evaluation: (up + down + evaluation down) over FedAvg's same sum. Round 0 (FedFCD's one-off LFR "
         "collection) is counted apart.",
@@ -68,11 +65,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("preset", type=Path)
     parser.add_argument("--reuse", action="store_true", help="keep finished runs whose config matches")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write the docs/ tables from uncommitted code (to try things: they say so in bold)")
     args = parser.parse_args(argv)
-    command = f"python -m benchmarks.fedfcd_bytes {args.preset}"
-    preset = {**load_preset(args.preset), "made": {"command": command, "commit": _commit()}}  # table.md's line
-    out = run_all(preset, ROOT, reuse=args.reuse)
-    (out / "preset.json").write_text(json.dumps(preset, indent=2))  # what made table.md, as compare records it
+    command = command_line("benchmarks.fedfcd_bytes", argv)
+    preset = {**load_preset(args.preset), "made": {"command": command}}  # run_all adds commit(s)
+    out = run_all(preset, ROOT, reuse=args.reuse, allow_dirty=args.allow_dirty)
     text = table(preset, out, command)
     (out / "traffic.md").write_text(text)
     print(text)

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.sweep_report import mean_std, preamble, summaries
-from runner.compare import _commit, load_preset, run_all
+from runner.compare import load_preset, run_all
+from runner.provenance import command_line
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("reg", "lambda", "a")
@@ -70,10 +71,12 @@ def main(argv=None) -> int:
     parser.add_argument("preset", type=Path)
     parser.add_argument("--reuse", action="store_true", help="keep finished runs whose config matches")
     parser.add_argument("--table-only", action="store_true", help="run nothing; table the finished runs")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write the docs/ tables from uncommitted code (to try things: they say so in bold)")
     args = parser.parse_args(argv)
-    command = f"python -m benchmarks.pfedpm_sweep {args.preset}"
-    preset = {**expand(load_preset(args.preset)), "made": {"command": command, "commit": _commit()}}  # table.md's line
-    out = run_all(preset, ROOT, reuse=args.reuse, table_only=args.table_only)
+    command = command_line("benchmarks.pfedpm_sweep", argv)
+    preset = {**expand(load_preset(args.preset)), "made": {"command": command}}  # run_all adds commit(s)
+    out = run_all(preset, ROOT, reuse=args.reuse, table_only=args.table_only, allow_dirty=args.allow_dirty)
     (out / "sweep.md").write_text(sweep_table(preset, out, command))
     print((out / "sweep.md").read_text())
     return 0

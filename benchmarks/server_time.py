@@ -421,7 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true",
                         help="keep the existing table.csv's rows that this run does not measure")
     parser.add_argument("--one", nargs=3, metavar=("METHOD", "CLIENTS", "EXTRA"), help=argparse.SUPPRESS)
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
+    from runner.provenance import guard
+
+    guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only
     if args.one:
         method, n, extra = args.one
         print(json.dumps(measure(method, int(n), json.loads(extra), args.round)))

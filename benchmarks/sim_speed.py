@@ -115,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--out", type=Path, default=Path("docs/results/sim-speed"))
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
+    from runner.provenance import guard
+
+    guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only
     config = {"dataset": "mnist5k", "partition": "pathological", "model": "fedavgcnn", "batch-size": 10,
               "local-epochs": 1, "num-server-rounds": args.rounds, "eval-every": 1, "client-threads": 1}
     gpus = auto_gpu_share(args.clients, 1)

@@ -1,10 +1,12 @@
 """README's summary table, built from the comparison tables in docs/results (``make readme`` runs it first).
 
 For each table whose preset has a paper method's own row, one line: the paper method against the best baseline of
-the same table, in one metric, and the paper's claimed gain where the preset records the paper's numbers
-(``[paper]`` in its preset). The metric is the test accuracy at the round best on validation where the runs have a
-validation split (in the paper's metric where the preset names it, else weighted), else the final round's weighted
-accuracy (never a best-of-test number).
+the same table, in the table's headline metric (``compare.headline_key``: the test accuracy at the round best on
+validation, in the paper's metric where the preset has the paper's numbers, else weighted; else the final round's
+weighted accuracy, never a best-of-test number). The difference carries the table's paired 95% t-interval over
+seeds and reads "tie" where it covers 0 (``runner.stats``). The paper's gain comes from the paper's own table
+(docs/papers/numbers, ``benchmarks.paper_numbers``): its method minus the best baseline of that table column, on
+the paper's dataset, which the cell names.
 
     python -m benchmarks.summary [--out docs/results/summary]
 """
@@ -16,10 +18,11 @@ import json
 import math
 from pathlib import Path
 
-from runner.compare import PAPER_METRICS, read_table_csv
+from benchmarks import paper_numbers
+from runner import stats
+from runner.compare import PAPER_METHODS, headline_key, read_table_csv
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER_METHODS = ("pfedpm", "fedmcsa", "fedfcd", "mupfl", "fedsac")
 # tables that are not accuracy comparisons of a paper's setting
 LEFT_OUT = {"fedfcd-mnist5k-bytes": "a bytes count over a few rounds",
             "fedmcsa-synthetic-n20-t400": "a diagnostic: the acceptance check run 8 times longer",
@@ -39,27 +42,38 @@ def summary_rows(results: Path = ROOT / "docs" / "results") -> list[dict]:
             continue
         preset = json.loads((folder / "preset.json").read_text())
         table = {r["method"]: r for r in read_table_csv(folder / "table.csv")}
-        validated = all(not math.isnan(r.get("test_acc_at_best_val", math.nan)) for r in table.values())
-        key = "test_acc_at_best_val" if validated else "final_acc"
-        if validated and preset.get("paper"):  # ours in the paper's metric, beside the paper's claimed gain
-            key = PAPER_METRICS[preset["paper"]["metric"]]
+        key = headline_key(preset, list(table.values()))
+        sources = preset.get("paper", {}).get("source", [])
         for method in (m for m in PAPER_METHODS if m in table):
             rivals = [r for label, r in table.items() if label in baselines and not math.isnan(r[key])]
             if not rivals:
                 continue
             best = max(rivals, key=lambda r: r[key])
-            paper = preset.get("paper", {}).get("values", {})
-            paper_rivals = [v for label, v in paper.items() if label in baselines]
-            claimed = (paper[method] - max(paper_rivals)) if method in paper and paper_rivals else None
+            paired = None  # the table's paired difference, where it was made in this metric against this method
+            if best.get("paired_vs") == method and best.get("paired_metric") == key:
+                paired = {k: best.get(f"diff_{k}") for k in ("mean", "lo", "hi", "n")}
+                paired["tie"] = bool(paired["lo"] <= 0 <= paired["hi"])
             rows.append({"method": method, "table": folder.name, "metric": key, "seeds": int(table[method]["seeds"]),
                          "ours": table[method][key], "ours_std": table[method][f"{key}_std"],
                          "baseline": best["method"], "base": best[key], "base_std": best[f"{key}_std"],
-                         "claimed": claimed, "paper_metric": preset.get("paper", {}).get("metric")})
+                         "paired": paired, "claimed": paper_numbers.gain(sources[0]) if sources else None})
     return rows
 
 
 def _pct(mean: float, std: float, seeds: int) -> str:
-    return f"{100 * mean:.2f}" if seeds == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}"
+    return f"{100 * mean:.2f}" if seeds == 1 or math.isnan(std) else f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def _difference(r: dict) -> str:
+    if r["paired"] is None:
+        return f"{100 * (r['ours'] - r['base']):+.2f} (paired interval {stats.NOT_AVAILABLE})"
+    return stats.difference_cell(r["paired"])
+
+
+def _claimed(c: dict | None) -> str:
+    if c is None:
+        return "-"
+    return f"{c['gain']:+.2f} vs {c['baseline']} ({c['dataset']}; {c['table']}, {c['column']}; {c['metric']})"
 
 
 def render(rows: list[dict]) -> str:
@@ -67,23 +81,24 @@ def render(rows: list[dict]) -> str:
                     "test_client_acc_mean_at_best_val": "test acc at best-val round (client mean)"}
     lines = [
         "Made by `python -m benchmarks.summary` (run by `make readme`) from the docs/results tables named below, "
-        "each of which says the command and commit that made it. "
-        "Metric per row: test acc at best-val round where the table's runs have a validation split (in the paper's "
-        "metric where the table has the paper's numbers, else weighted), else final acc (weighted, last round); never "
-        "best-of-test. ± over seeds (none for 1 seed). Difference: ours minus "
-        "the best baseline of the same table (a method's own variants and ablations are not baselines). Paper's gain: "
-        "the paper's number for the method minus its best baseline in the same paper table, in the paper's metric.",
+        "each of which says the command and commits that made it. "
+        "Metric per row: the table's headline, test acc at best-val round where the table's runs have a validation "
+        "split (in the paper's metric where the table has the paper's numbers, else weighted), else final acc "
+        "(weighted, last round); never best-of-test. ± is the sample std over seeds. Difference: ours minus the best "
+        "baseline of the same table (a method's own variants and ablations are not baselines), with its paired 95% "
+        "t-interval over seeds (same seed = same split; Student's t, scipy.stats.t) and \"tie\" where the interval "
+        "covers 0. Paper's gain: the paper's number for the method minus the best baseline of the same table column "
+        "in the paper (docs/papers/numbers), on the paper's dataset, in the paper's metric.",
         "",
-        "| method | table (`docs/results/<name>`) | metric | seeds | method | best baseline | difference (points) "
-        "| paper's gain (points, paper's metric) |",
+        "| method | table (`docs/results/<name>`) | metric | seeds | method | best baseline | difference (points, paired "
+        "95% t-interval) | paper's gain (points: vs the paper's best baseline, on the paper's dataset) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        diff = 100 * (r["ours"] - r["base"])
-        claimed = "-" if r["claimed"] is None else f"{r['claimed']:+.2f} ({r['paper_metric']})"
         lines.append(f"| {r['method']} | `{r['table']}` | {metric_names[r['metric']]} | {r['seeds']} "
                      f"| {_pct(r['ours'], r['ours_std'], r['seeds'])} "
-                     f"| {r['baseline']} {_pct(r['base'], r['base_std'], r['seeds'])} | {diff:+.2f} | {claimed} |")
+                     f"| {r['baseline']} {_pct(r['base'], r['base_std'], r['seeds'])} | {_difference(r)} "
+                     f"| {_claimed(r['claimed'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
 """What the validation sweeps (benchmarks/pfedpm_sweep.py, benchmarks/fedfcd_sweep.py) share: their runs'
-summaries, the mean ± std cell and the lines that open a sweep table (provenance, setting, ranking rule)."""
+summaries, the mean ± sample-std cell and the lines that open a sweep table (provenance, setting, ranking rule)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.compare import _commit, pct_cell
+from runner.compare import made_line, pct_cell
+from runner.stats import sample_std
 
 
 def summaries(out: Path, name: str, seeds: list[int]) -> list[dict]:
@@ -23,18 +24,18 @@ def mean_std(values: list) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "-"
-    return pct_cell(float(np.mean(values)), float(np.std(values)), one_seed=len(values) == 1)
+    return pct_cell(float(np.mean(values)), sample_std(values), one_seed=len(values) == 1)
 
 
 def preamble(preset: dict, command: str, chosen: str) -> list[str]:
     """The table's first lines: command and commit, the setting, how rows are ranked, and what was chosen."""
     setting = ", ".join(f"{k}={v}" for k, v in preset["run-config"].items())
     return [
-        f"Made by `{command}` at commit `{_commit()}`.",
+        made_line(preset),
         f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients; seeds "
         f"{preset['compare'].get('seeds', [0])}.",
         "Ranked by the best validation accuracy (weighted: all clients' validation samples together; the validation "
-        "split is val-fraction of each client's training data), mean ± std over seeds. The test accuracy (weighted) "
+        "split is val-fraction of each client's training data), mean ± sample std (ddof = 1) over seeds. The test accuracy (weighted) "
         "at the best-validation round is shown for information only; it chose nothing.",
         "",
         f"**Chosen on validation: {chosen}**.",

@@ -4,7 +4,8 @@ tables in README.md and docs/ (``make readme``).
 A preset is a conf/*.toml whose ``[compare].output`` lies under docs/results. Presets on data that is neither
 embedded nor cached here (CIFAR, FEMNIST, ... need a download) are listed as skipped, with the reason. Runs that
 finished earlier with the same config are reused (``--reuse``), so a rebuild cut off part way goes on where it
-stopped. The other tables in docs/results come from their own benchmarks (``make bench-server``, ``make bench-sim``,
+stopped (only while their source hash and config still match). From a clean tree only (``--allow-dirty`` to
+try things). The other tables in docs/results come from their own benchmarks (``make bench-server``, ``make bench-sim``,
 ``make bench-deploy``, ``python -m benchmarks.reliability``), named in ``BENCHMARKS`` and run with ``--benchmarks``.
 
     python -m benchmarks.tables [--only fedsac-mnist5k] [--list] [--benchmarks]
@@ -19,6 +20,8 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from runner.provenance import uncommitted
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE_DATASETS = ("digits", "mnist5k", "synthetic")  # embedded or generated: always available
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated substrings of preset names to rebuild")
     parser.add_argument("--list", action="store_true", help="list the presets and what each runs; run nothing")
     parser.add_argument("--benchmarks", action="store_true", help="also run the benchmarks that write the other tables")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="build from uncommitted code (to try things: every table says so in bold)")
     args = parser.parse_args(argv)
     wanted = [w for w in args.only.split(",") if w]
     chosen = [p for p in presets() if not wanted or any(w in p.name for w in wanted)]
@@ -96,13 +101,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.name:40s} {p.runs:4d} runs  -> {p.output}  ({state}; {p.builder})")
     if args.list:
         return 0
+    changed = uncommitted()
+    if changed and not args.allow_dirty:
+        raise SystemExit(f"refusing to rebuild docs/ tables from a tree with uncommitted changes ({', '.join(changed[:8])}"
+                         f"{' ...' if len(changed) > 8 else ''}): commit first, or pass --allow-dirty to try things")
     failed = []
     for p in chosen:
         if not available(p):
             continue
         print(f"== {p.name}", flush=True)
-        rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), "--reuse"],
-                            cwd=ROOT).returncode
+        rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), "--reuse",
+                             *(["--allow-dirty"] if args.allow_dirty else [])], cwd=ROOT).returncode
         if rc:
             failed.append(p.name)
     if args.benchmarks:

@@ -9,10 +9,16 @@ budget, for each seed. Output in the preset's ``output`` folder:
 - ``curves.png``: every entry's accuracy curve (mean over seeds),
 - ``runs/<label>-s<seed>/``: each run's own results.
 
+- ``runs.json.gz``: every run's per-round accuracies, per-client final accuracy and provenance
+  (``runner.run_data``): the table recomputes from it, and it is committed with the table.
+
     python -m server_app.compare conf/mnist5k-pathological.toml [--methods local,fedavg] [--seeds 0,1] [--reuse]
 
-``--reuse`` keeps every completed run in ``runs/`` whose saved config matches, so a preset can be
-resumed, or its table rebuilt, without running those again.
+A table under docs/ is made from committed code only (``--allow-dirty`` to try things; the table then says so in
+bold). Each run folder records its commit, a hash of the source packages and its resolved config
+(``runner.provenance``); ``--reuse`` keeps a completed run in ``runs/`` only while both still match, and says
+how many it kept and from which commits; the table lists the commits its runs came from. ± is the sample std over
+seeds; the paper method's row is compared with every other row seed by seed (``runner.stats``).
 
 Preset format::
 
@@ -64,6 +70,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runner import provenance, run_data, stats
 from runner.launch import simulate
 
 COLUMNS = ["method", "final_acc", "final_acc_std", "client_acc_mean", "client_acc_mean_std",
@@ -72,6 +79,8 @@ COLUMNS = ["method", "final_acc", "final_acc_std", "client_acc_mean", "client_ac
            "best_client_acc_mean_std", "last10_acc", "last10_acc_std", "mb_up_per_round", "mb_down_per_round",
            "wall_s_per_round", "seeds"]
 TARGET_COLUMNS = ["rounds_to_target", "rounds_to_target_std", "runs_reaching_target"]
+PAIRED_COLUMNS = ["paired_vs", "paired_metric", "diff_mean", "diff_lo", "diff_hi", "diff_n"]
+PAPER_METHODS = ("pfedpm", "fedmcsa", "fedfcd", "mupfl", "fedsac")  # a table's focus: the first of its labels here
 
 
 @dataclass(frozen=True)
@@ -151,39 +160,58 @@ def _run_inprocess(config: dict, supernodes: int) -> dict:
         return {"status": "finished:failed", "details": repr(err), "summary": None}
 
 
-def finished_run(config: dict) -> dict | None:
-    """The summary of a completed earlier run with this very config (``--reuse``), or None.
+def finished_run(config: dict, code: dict) -> tuple[dict | None, str]:
+    """The summary of a completed earlier run this one may reuse (``--reuse``), or None and why not.
 
-    The run's ``config.json`` (the full resolved config) must hold every key of ``config`` with the
-    same value; a run that was cut off has no ``summary.json`` and is not reused."""
+    The run's provenance record must carry ``code``'s source hash and its resolved config every key of
+    ``config`` with the same value; a run that was cut off has no ``summary.json`` and is not reused."""
     folder = Path(config["results-dir"]) / config["run-name"]
     try:
-        saved = json.loads((folder / "config.json").read_text())
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
-        return None
-    same = all(saved.get(k) == v for k, v in config.items() if k != "results-dir")
-    return summary if same and summary.get("status") == "completed" else None
+        return None, "not finished"
+    if summary.get("status") != "completed":
+        return None, "not completed"
+    keep, why = provenance.reusable(folder, config, code)
+    return (summary, "") if keep else (None, why)
+
+
+def _reuse(preset: dict, jobs: list, out: Path, code: dict, results: dict, commits: dict) -> list:
+    """Keep the finished runs that still match (source and config); say how many and from which commits."""
+    left, dropped = [], {}
+    for entry, seed in jobs:
+        summary, why = finished_run(run_config(preset, entry, seed, out), code)
+        if summary is None:
+            left.append((entry, seed))
+            if why not in ("not finished", "not completed"):
+                dropped[why] = dropped.get(why, 0) + 1
+            continue
+        results[entry.label].append(summary)
+        commits.setdefault(provenance.read(Path(summary["results_dir"]))["commit"], []).append(f"{entry.label}-s{seed}")
+    kept = sum(len(v) for v in commits.values())
+    origin = ", ".join(f"{c} ({len(v)})" for c, v in sorted(commits.items())) or "-"
+    redo = "; ".join(f"{n} not kept: {why}" for why, n in sorted(dropped.items()))
+    print(f"reuse: kept {kept} of {len(jobs)} runs, from commits {origin}" + (f"; {redo}" if redo else ""), flush=True)
+    return left
 
 
 def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds: list[int] | None = None,
-            reuse: bool = False, table_only: bool = False) -> Path:
+            reuse: bool = False, table_only: bool = False, allow_dirty: bool = False) -> Path:
     """Run the preset's (label, seed) jobs and write the table. ``reuse`` keeps finished runs;
-    ``table_only`` runs nothing and tables the finished runs there are (rows name their seed count)."""
+    ``table_only`` runs nothing and tables the finished runs there are (rows name their seed count).
+    A table under docs/ needs a clean tree unless ``allow_dirty`` (``provenance.guard``)."""
     spec = preset["compare"]
     rows_of = entries(preset, labels)
     seeds = seeds if seeds is not None else spec.get("seeds", [0])
     out = (app_dir / spec.get("output", "results/compare")).resolve()
+    dirty = provenance.guard(out, allow_dirty)
+    code = provenance.stamp()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [(e, s) for e in rows_of if e.runs_of is None for s in seeds]
     results: dict[str, list[dict]] = {e.label: [] for e in rows_of}
+    commits: dict[str, list[str]] = {}  # commit -> the runs ("label-s<seed>") made there
     if reuse or table_only:
-        for entry, seed in list(jobs):
-            summary = finished_run(run_config(preset, entry, seed, out))
-            if summary is not None:
-                print(f"reusing {entry.label} seed {seed}: final acc {100 * summary['final_acc']:.2f}%", flush=True)
-                results[entry.label].append(summary)
-                jobs.remove((entry, seed))
+        jobs = _reuse(preset, jobs, out, code, results, commits)
     failures = []
     if table_only:
         failures += [f"{entry.label} seed {seed}: not run" for entry, seed in jobs]
@@ -202,6 +230,8 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                   flush=True)
             return
         results[entry.label].append(summary)
+        provenance.record(Path(summary["results_dir"]), code, run_config(preset, entry, seed, out))
+        commits.setdefault(code["commit"], []).append(f"{entry.label}-s{seed}")
         chosen = (f"at best-val round {100 * summary['test_acc_at_best_val']:.2f}%"
                   if summary.get("test_acc_at_best_val") is not None else
                   f"best-of-test {100 * summary['best_acc']:.2f}%")
@@ -225,24 +255,70 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                               cpus_per_client=spec.get("cpus-per-client", 1),
                               gpus_per_client=spec.get("gpus-per-client", 0.0), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
-    for entry in rows_of:
-        if entry.runs_of is not None:
-            results[entry.label] = results[entry.runs_of]
-    target = spec.get("target-acc")
-    rows = []
-    for e in rows_of:
-        if results[e.label]:
-            rows.append(aggregate_row(e.label, results[e.label], e.accuracy))
-            if target is not None:
-                rounds = [rounds_to_target(Path(s["results_dir"]) / "rounds.csv", e.accuracy or "acc_weighted", target)
-                          for s in results[e.label]]
-                rows[-1].update(target_row(rounds))
-    write_table(rows, out, preset, failures)
+    preset.setdefault("made", {}).setdefault("command", "server_app.compare.run_all (called from Python)")
+    preset["made"].update({"commit": code["commit"], "source_hash": code["source_hash"],
+                                          "dirty": dirty, "commits": {c: sorted(r) for c, r in commits.items()}})
+    preset["std"] = "sample"
+    run_data.write(out, [run_data.collect(Path(s["results_dir"]), e.label, s["seed"], code)
+                         for e in rows_of if e.runs_of is None for s in results[e.label]])
+    write_table(table_rows(rows_of, results, preset), out, preset, failures)
+    (out / "preset.json").write_text(json.dumps(preset, indent=2))  # what made the table: rerender and tests read it
     plot_curves(rows_of, seeds, out)
     print((out / "table.md").read_text())
     if failures:
         print("failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)
     return out
+
+
+def table_rows(rows_of: list[Entry], results: dict[str, list[dict]], preset: dict) -> list[dict]:
+    """The table's rows from each entry's run summaries (a ``runs-of`` row reads its source's): mean ± sample std,
+    rounds to target, and the paper method's paired difference to every row (``stats.paired_difference``)."""
+    results = {e.label: results.get(e.runs_of or e.label, []) for e in rows_of}
+    target = preset["compare"].get("target-acc")
+    rows, by_label = [], {}
+    for e in rows_of:
+        if results[e.label]:
+            rows.append(aggregate_row(e.label, results[e.label], e.accuracy))
+            by_label[e.label] = e
+            if target is not None:
+                rounds = [rounds_to_target(s.get("_rounds") or Path(s["results_dir"]) / "rounds.csv",
+                                           e.accuracy or "acc_weighted", target) for s in results[e.label]]
+                rows[-1].update(target_row(rounds))
+    focus = focus_label(preset, [r["method"] for r in rows])
+    if focus is not None:
+        key = headline_key(preset, rows)
+        per_seed = {label: {s["seed"]: _value(s, HEADLINE_TO_KEY[key], e.accuracy) for s in results[label]}
+                    for label, e in by_label.items()}
+        for row in rows:
+            diff = stats.paired_difference(per_seed[focus], per_seed[row["method"]])
+            row.update({"paired_vs": focus, "paired_metric": key, "diff_mean": diff["mean"], "diff_lo": diff["lo"],
+                        "diff_hi": diff["hi"], "diff_n": 0 if row["method"] == focus else diff["n"]})
+    return rows
+
+
+HEADLINE_TO_KEY = {"final_acc": "final", "test_acc_at_best_val": "at_best_val",
+                   "test_client_acc_mean_at_best_val": "at_best_val_client"}
+
+
+def _value(summary: dict, which: str, accuracy: str | None) -> float:
+    value = summary.get(_accuracy_keys(accuracy)[which])
+    return float("nan") if value is None else float(value)
+
+
+def focus_label(preset: dict, labels: list[str]) -> str | None:
+    """The row the others are compared with: ``[compare] focus``, else the first paper method among the rows."""
+    focus = preset["compare"].get("focus") or next((m for m in labels if m in PAPER_METHODS), None)
+    return focus if focus in labels else None
+
+
+def headline_key(preset: dict, rows: list[dict]) -> str:
+    """The table's headline metric: the test accuracy at the best-validation round (in the paper's metric where
+    the preset has the paper's numbers, else weighted) where every row has a validation split, else the final
+    round's weighted accuracy (never a best-of-test number)."""
+    if not rows or any(np.isnan(r.get("test_acc_at_best_val", np.nan)) for r in rows):
+        return "final_acc"
+    paper = preset.get("paper")
+    return PAPER_METRICS[paper["metric"]] if paper else "test_acc_at_best_val"
 
 
 def _accuracy_keys(accuracy: str | None) -> dict[str, str]:
@@ -261,7 +337,7 @@ def aggregate_row(label: str, summaries: list[dict], accuracy: str | None = None
 
     def ms(key):
         v = np.array([s.get(key, np.nan) if s.get(key) is not None else np.nan for s in summaries], dtype=float)
-        return float(v.mean()), float(v.std())
+        return float(v.mean()), stats.sample_std(v)
 
     row = {"method": label, "seeds": len(summaries)}
     row["final_acc"], row["final_acc_std"] = ms(keys["final"])
@@ -278,14 +354,19 @@ def aggregate_row(label: str, summaries: list[dict], accuracy: str | None = None
     return row
 
 
-def rounds_to_target(rounds_csv: Path, column: str, target: float) -> int | None:
+def rounds_to_target(rounds_csv: Path | list[dict], column: str, target: float) -> int | None:
     """The first round whose ``column`` (an accuracy in [0, 1]) reaches ``target``; None if none
-    does. Rounds are counted as logged, so with ``eval-every`` > 1 it is the first evaluated one."""
-    with open(rounds_csv) as f:
-        for row in csv.DictReader(f):
-            value = row.get(column)
-            if value not in (None, "") and float(value) >= target - 1e-12:
-                return int(row["round"])
+    does. Rounds are counted as logged, so with ``eval-every`` > 1 it is the first evaluated one.
+    ``rounds_csv``: a rounds.csv, or its rows (the per-run data's)."""
+    if isinstance(rounds_csv, list):
+        rows = rounds_csv
+    else:
+        with open(rounds_csv) as f:
+            rows = list(csv.DictReader(f))
+    for row in rows:
+        value = row.get(column)
+        if value not in (None, "") and float(value) >= target - 1e-12:
+            return int(row["round"])
     return None
 
 
@@ -293,7 +374,7 @@ def target_row(rounds: list[int | None]) -> dict:
     """Mean and std of the rounds to target over the runs that reached it, and how many did."""
     reached = np.array([r for r in rounds if r is not None], dtype=float)
     return {"rounds_to_target": float(reached.mean()) if len(reached) else float("nan"),
-            "rounds_to_target_std": float(reached.std()) if len(reached) else float("nan"),
+            "rounds_to_target_std": stats.sample_std(reached),
             "runs_reaching_target": f"{len(reached)}/{len(rounds)}"}
 
 
@@ -318,21 +399,59 @@ def check_paper_table(preset: dict, where: str = "preset") -> None:
         raise SystemExit(f"{where}: [paper] values name rows that are not in the methods list: {', '.join(unknown)}")
 
 
-def provenance(preset: dict) -> str:
-    """Which command and commit made the table (recorded in preset.json's ``made`` when the runs ran)."""
+def made_line(preset: dict) -> str:
+    """Which command and commit made the table and which commits its runs came from (preset.json's ``made``)."""
     made = preset.get("made")
     if not made:
         return ("Made by `python -m server_app.compare` on runs from before commits were recorded; "
                 "the table was re-rendered from its table.csv by the current code.")
-    return f"Made by `{made['command']}` at commit `{made['commit']}`" + (
+    line = f"Made by `{made['command']}` at commit `{made['commit']}`" + (
         f"; re-rendered from table.csv at `{made['rerendered']}`." if made.get("rerendered") else ".")
+    if "commits" in made:
+        line += " " + provenance.commits_line(made["commits"])
+        if made.get("source_hash"):  # --reuse keeps only runs whose source hash is the current one
+            line += f" Every run has source hash `{made['source_hash']}` (sha256 of the source packages)."
+    else:
+        line += " The runs' own commits were not recorded (run folders did not record them then)."
+    if made.get("dirty"):
+        line += ("\n\n**Made from a tree with uncommitted changes (`--allow-dirty`): for trying things, "
+                 "not a result.**\n")
+    return line
+
+
+def std_note(preset: dict) -> str:
+    """What ± is: always the sample std (``aggregate_row``); a table made before that had its population stds
+    converted by ``rerender`` (preset.json's ``std`` says "sample-converted"; docs tests check every table has one)."""
+    if preset.get("std") == "sample-converted":
+        return ("± is the sample std over seeds (ddof = 1), converted exactly from the population std that these "
+                "runs' table.csv held: × sqrt(n / (n - 1)) for n seeds.")
+    return "± is the sample std over seeds (ddof = 1)."
+
+
+def paired_header(preset: dict, rows: list[dict]) -> str | None:
+    """The paired-difference column's header, or None where the table has no paper method's row."""
+    focus = focus_label(preset, [r["method"] for r in rows])
+    if focus is None:
+        return None
+    names = {"final_acc": "final acc, weighted", "test_acc_at_best_val": "at best-val round, weighted",
+             "test_client_acc_mean_at_best_val": "at best-val round, client mean"}
+    return f"{focus} minus row ({names[headline_key(preset, rows)]}; points, {stats.INTERVAL_NAME})"
+
+
+def paired_cell(row: dict, focus: str) -> str:
+    if row["method"] == focus:
+        return "-"
+    if isinstance(row.get("diff_n"), float) and np.isnan(row["diff_n"]):
+        return stats.NOT_AVAILABLE
+    return stats.difference_cell({k: row.get(f"diff_{k}") for k in ("mean", "lo", "hi", "n")}
+                                 | {"tie": bool(row.get("diff_lo", 1) <= 0 <= row.get("diff_hi", -1))})
 
 
 def write_table(rows: list[dict], out: Path, preset: dict, failures: list[str]) -> None:
     target = preset["compare"].get("target-acc")
     with open(out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS + ["client_acc_std_within"] + (TARGET_COLUMNS if target is not None else []),
-                           extrasaction="ignore")
+        w = csv.DictWriter(f, COLUMNS + ["client_acc_std_within"] + (TARGET_COLUMNS if target is not None else [])
+                           + (PAIRED_COLUMNS if any("paired_vs" in r for r in rows) else []), extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     (out / "table.md").write_text(render_table(rows, preset, failures))
@@ -360,23 +479,29 @@ def render_table(rows: list[dict], preset: dict, failures: list[str]) -> str:
         when = "at best-val round" if all(validated) else "best-of-test, optimistic"
         theirs = f"{paper['data']}, {paper['metric']}" if paper.get("data") else paper["metric"]
         paper_cols = [(f"paper ({theirs})", None), (f"ours ({paper['metric']}, {when})", ours)]
+    paired = paired_header(preset, rows)
     lines = [
         f"Setting: {setting}; {spec.get('supernodes', 10)} clients; engine {engine}.",
-        provenance(preset),
+        *([f"Scale cut from the paper's setting: {preset['paper']['scale']}"] if paper and paper.get("scale") else []),
+        made_line(preset),
         "Accuracy in % (personalised: each client's model on its own test split). Weighted = pooled: all clients' "
         "test samples together; client mean: the mean of the clients' accuracies. "
-        + ("1 seed, so no ± (no spread over seeds)." if all(r["seeds"] == 1 for r in rows) else "± is the std over seeds.")
+        + ("1 seed, so no ± (no spread over seeds)." if all(r["seeds"] == 1 for r in rows) else std_note(preset))
         + " Client spread: the std of the clients' final accuracies within a run, mean over seeds."
         + (" Best-val round: the evaluated round with the highest accuracy on the clients' validation splits "
-           "(val-fraction of their training data), never chosen on test." if any(validated) else ""),
+           "(val-fraction of their training data), never chosen on test." if any(validated) else "")
+        + (f" Paired difference: the table's headline accuracy of {focus_label(preset, [r['method'] for r in rows])} "
+           "minus the row's, seed by seed (same seed = same split), mean and 95% t-interval (Student's t, n - 1 "
+           "degrees of freedom, scipy.stats.t); \"tie\" where the interval covers 0." if paired else ""),
         "",
         "| method | " + "".join(f"{h} | " for h, _ in paper_cols)
         + "final acc (weighted) | final acc (client mean) | " + " | ".join(h for h, _ in chosen)
         + " | last-10 mean (weighted) | client spread (std over clients) | MB up / round | MB down / round | s / round |"
-        + (f" rounds to {100 * target:g}% |" if target is not None else ""),
+        + (f" rounds to {100 * target:g}% |" if target is not None else "") + (f" {paired} |" if paired else ""),
         "|---|" + "---|" * len(paper_cols) + "---|---|" + "---|" * len(chosen) + "---|---|---|---|---|"
-        + ("---|" if target is not None else ""),
+        + ("---|" if target is not None else "") + ("---|" if paired else ""),
     ]
+    focus = focus_label(preset, [r["method"] for r in rows])
 
     wanted = len(spec["seeds"]) if "seeds" in spec else max((r["seeds"] for r in rows), default=0)
     for r in rows:
@@ -395,7 +520,7 @@ def render_table(rows: list[dict], preset: dict, failures: list[str]) -> str:
             f"| {pct(r['last10_acc'], r['last10_acc_std'])} "
             f"| {'-' if np.isnan(spread) else f'{100 * spread:.2f}'} "
             f"| {_num(r['mb_up_per_round'], 3)} | {_num(r['mb_down_per_round'], 3)} | {_num(r['wall_s_per_round'], 2)} |"
-            + (f" {_rounds_cell(r)} |" if target is not None else ""))
+            + (f" {_rounds_cell(r)} |" if target is not None else "") + (f" {paired_cell(r, focus)} |" if paired else ""))
     not_run = [f for f in failures if f.endswith(": not run")]
     failed = [f for f in failures if not f.endswith(": not run")]
     if not_run:
@@ -416,7 +541,7 @@ def read_table_csv(path: Path) -> list[dict]:
         for raw in csv.DictReader(f):
             row = {}
             for k, v in raw.items():
-                if k in ("method", "runs_reaching_target"):
+                if k in ("method", "runs_reaching_target", "paired_vs", "paired_metric"):
                     row[k] = v
                 elif k == "seeds":
                     row[k] = int(v)
@@ -428,17 +553,37 @@ def read_table_csv(path: Path) -> list[dict]:
     return rows
 
 
-def rerender(folder: Path) -> Path:
-    """Rewrite ``folder``/table.md from its table.csv and preset.json with the current code (no run)."""
+def rerender(folder: Path, allow_dirty: bool = False) -> Path:
+    """Rewrite ``folder``/table.md from its table.csv and preset.json with the current code (no run). A table.csv
+    whose stds are population stds (older runs) is converted once, exactly, to sample stds."""
+    dirty = provenance.guard(folder, allow_dirty)
     preset = json.loads((folder / "preset.json").read_text())
     made = preset.get("made")
     if made:
         made["rerendered"] = _commit()
-    text = render_table(read_table_csv(folder / "table.csv"), preset, _footer_failures(folder / "table.md"))
+        made["dirty"] = made.get("dirty", False) or dirty
+    rows = read_table_csv(folder / "table.csv")
+    if preset.get("std") not in ("sample", "sample-converted"):
+        rows = _population_to_sample(rows, folder / "table.csv")
+        preset["std"] = "sample-converted"
+    text = render_table(rows, preset, _footer_failures(folder / "table.md"))
     (folder / "table.md").write_text(text)
-    if made:
-        (folder / "preset.json").write_text(json.dumps(preset, indent=2))
+    (folder / "preset.json").write_text(json.dumps(preset, indent=2))
     return folder / "table.md"
+
+
+def _population_to_sample(rows: list[dict], table_csv: Path) -> list[dict]:
+    """Every ``*_std`` column over seeds times sqrt(n / (n - 1)), written back to ``table_csv``."""
+    with open(table_csv) as f:
+        fields = csv.DictReader(f).fieldnames
+    for row in rows:
+        for key in [k for k in row if k.endswith("_std")]:
+            row[key] = stats.sample_from_population(row[key], row["seeds"]) if row["seeds"] > 1 else float("nan")
+    with open(table_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows({k: ("" if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()} for r in rows)
+    return rows
 
 
 def _footer_failures(table_md: Path) -> list[str]:
@@ -454,16 +599,8 @@ def _footer_failures(table_md: Path) -> list[str]:
 
 
 def _commit() -> str:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent.parent).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parent.parent).stdout.strip()
-        return out + ("+changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """HEAD's short hash, "+changes" where the tree has uncommitted changes (outside the builders' outputs)."""
+    return provenance.commit() + ("+changes" if provenance.uncommitted() else "")
 
 
 def pct_cell(mean: float, std: float, one_seed: bool = False) -> str:
@@ -471,7 +608,7 @@ def pct_cell(mean: float, std: float, one_seed: bool = False) -> str:
     "± <0.01" where seeds agree to two decimals (never a "± 0.00" that reads as one seed)."""
     if np.isnan(mean):
         return "-"
-    if one_seed:
+    if one_seed or np.isnan(std):
         return f"{100 * mean:.2f}"
     spread = f"{100 * std:.2f}"
     return f"{100 * mean:.2f} ± {'<0.01' if spread == '0.00' else spread}"
@@ -482,7 +619,8 @@ def _rounds_cell(row: dict) -> str:
     reached, runs = (int(v) for v in row["runs_reaching_target"].split("/"))
     if reached == 0:
         return "not reached"
-    cell = f"{row['rounds_to_target']:.1f} ± {row['rounds_to_target_std']:.1f}"
+    spread = row["rounds_to_target_std"]
+    cell = f"{row['rounds_to_target']:.1f}" + ("" if np.isnan(spread) else f" ± {spread:.1f}")
     return cell if reached == runs else f"{cell} ({reached} of {runs} runs)"
 
 
@@ -526,19 +664,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep completed runs whose saved config matches instead of running them again")
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: table the completed runs there are, with each row's number of seeds")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a docs/ table from uncommitted code (to try things: the table says so in bold)")
     args = parser.parse_args(argv)
     if args.rerender:
         for folder in args.rerender:
-            print(rerender(folder))
+            print(rerender(folder, args.allow_dirty))
         return 0
     if args.preset is None:
         parser.error("a preset is needed (or --rerender DIR)")
     preset = load_preset(args.preset)
-    preset["made"] = {"command": f"python -m server_app.compare {args.preset}", "commit": _commit()}
+    preset["made"] = {"command": provenance.command_line("server_app.compare", argv)}
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    out = run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse, table_only=args.table_only)
-    (out / "preset.json").write_text(json.dumps(preset, indent=2))
+    run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse, table_only=args.table_only,
+                  allow_dirty=args.allow_dirty)
     return 0
 
 

@@ -189,13 +189,7 @@ class ResultsWriter:
     def finish(self, num_clients: int, dropped: list[dict], status: str = "completed") -> dict:
         evaluated = [r for r in self.rounds if _is_number(r.get("acc_weighted"))]
         final_round = max((r["round"] for r in self.rounds), default=None)
-        # "final" is the last round's evaluation; if that one failed there is no final accuracy
         last = evaluated[-1] if evaluated and evaluated[-1]["round"] == final_round else {}
-        # best-of-test: the round best on the test split itself (optimistic); compare methods by
-        # test_acc_at_best_val (best_validation) where there is a validation split
-        best = max(evaluated, key=lambda r: r["acc_weighted"]) if evaluated else {}
-        best_mean = max(evaluated, key=lambda r: r["acc_client_mean"]) if evaluated else {}
-        tail = evaluated[-LAST_K:]
         training = [r for r in self.rounds if r["round"] > 0]
         prepare = [r for r in self.rounds if r["round"] == 0]
         n_rounds = len(training)
@@ -206,13 +200,7 @@ class ResultsWriter:
         summary = {
             "method": self.cfg["method"], "dataset": self.cfg["dataset"], "partition": self.cfg["partition"],
             "model": self.cfg["model"], "seed": self.cfg["seed"], "num_clients": num_clients, "rounds": n_rounds,
-            "final_acc": last.get("acc_weighted"), "best_acc": best.get("acc_weighted"),
-            "best_round": best.get("round"),
-            "client_acc_mean": last.get("acc_client_mean"), "client_acc_std": last.get("acc_client_std"),
-            "best_client_acc_mean": best_mean.get("acc_client_mean"), "best_client_mean_round": best_mean.get("round"),
-            "val_fraction": self.cfg.get("val-fraction", 0.0), **best_validation(evaluated),
-            f"last{LAST_K}_acc": _mean(r["acc_weighted"] for r in tail),
-            f"last{LAST_K}_client_acc_mean": _mean(r["acc_client_mean"] for r in tail),
+            **accuracy_summary(evaluated, final_round), "val_fraction": self.cfg.get("val-fraction", 0.0),
             "final_round": final_round, "final_eval_clients": last.get("eval_clients", 0),
             "bytes_up": bytes_up, "bytes_down": bytes_down,
             "bytes_prepare": sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in prepare),
@@ -227,7 +215,6 @@ class ResultsWriter:
             "first_round_s": training[0].get("wall_s") if training else None,
             "wall_s_per_round": _mean(r.get("wall_s", 0.0) for r in (training[1:] or training)) or 0.0,
             "dropped_replies": len(dropped), "status": status, "results_dir": str(self.dir),
-            **_method_summary(evaluated),
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if dropped:
@@ -247,6 +234,28 @@ class ResultsWriter:
         plot_round_matrices(self.dir / "round_matrices", title=self.cfg["method"])
         if (self.dir / "round_matrices").is_dir():  # what the recorded matrices did over the rounds (issue #30)
             plot_method_metrics(self.rounds, self.dir / "round_matrices" / "metrics.png", title=self.cfg["method"])
+
+
+def accuracy_summary(evaluated: list[dict], final_round: int | None) -> dict:
+    """Every accuracy of a run's summary from its evaluated rounds.csv rows (also what recomputes a table
+    from the per-run data in docs/results): final, best-of-test, last-10 mean, at the best-validation round,
+    and the same for each method evaluation column."""
+    # "final" is the last round's evaluation; if that one failed there is no final accuracy
+    last = evaluated[-1] if evaluated and evaluated[-1]["round"] == final_round else {}
+    # best-of-test: the round best on the test split itself (optimistic); compare methods by
+    # test_acc_at_best_val (best_validation) where there is a validation split
+    best = max(evaluated, key=lambda r: r["acc_weighted"]) if evaluated else {}
+    best_mean = max(evaluated, key=lambda r: r["acc_client_mean"]) if evaluated else {}
+    tail = evaluated[-LAST_K:]
+    return {
+        "final_acc": last.get("acc_weighted"), "best_acc": best.get("acc_weighted"), "best_round": best.get("round"),
+        "client_acc_mean": last.get("acc_client_mean"), "client_acc_std": last.get("acc_client_std"),
+        "best_client_acc_mean": best_mean.get("acc_client_mean"), "best_client_mean_round": best_mean.get("round"),
+        **best_validation(evaluated),
+        f"last{LAST_K}_acc": _mean(r["acc_weighted"] for r in tail),
+        f"last{LAST_K}_client_acc_mean": _mean(r["acc_client_mean"] for r in tail),
+        **_method_summary(evaluated),
+    }
 
 
 def _method_summary(evaluated: list[dict]) -> dict:
@@ -393,8 +402,9 @@ def format_summary(summary: dict) -> str:
             ("test acc at best-val round (client mean) %", f"{pct(summary['test_client_acc_mean_at_best_val'])} "
              f"(round {summary['best_val_round_client_mean']})"),
         ]
+    else:  # no validation split (val-fraction = 0): the round can only be picked on test, which flatters
+        rows += [("best-of-test acc (optimistic) %", f"{pct(summary['best_acc'])} (round {summary['best_round']})")]
     rows += [
-        ("best-of-test acc (optimistic) %", f"{pct(summary['best_acc'])} (round {summary['best_round']})"),
         ("client acc mean ± std %", f"{pct(summary['client_acc_mean'])} ± {pct(summary['client_acc_std'])}"),
         ("MB up / down per round", f"{summary['bytes_up_per_round'] / 1e6:.3f} / {summary['bytes_down_per_round'] / 1e6:.3f}"),
         (f"start-up s ({summary.get('startup_from', 'start')} to first round)", _num(summary.get("startup_s"))),

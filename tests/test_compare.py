@@ -92,6 +92,11 @@ def test_table_only_tables_the_finished_runs_and_names_the_missing(tmp_path):
         for seed in seeds:
             run_inprocess(tmp_path, 3, None, method=method, seed=seed, **{"num-server-rounds": 2,
                           "results-dir": str(out / "runs"), "run-name": f"{method}-s{seed}"})
+    from runner import provenance
+
+    code = provenance.stamp()
+    for folder in (out / "runs").iterdir():  # what compare records beside each run it makes
+        provenance.record(folder, code, {})
     (out / "runs" / "fedavg-s1").mkdir()  # a cut-off run: no summary, so it is missing, not reused
     run_all(preset, tmp_path, table_only=True)
     table = (out / "table.md").read_text()
@@ -220,34 +225,41 @@ def test_the_readme_summary_is_built_from_the_current_docs_tables():
 
 
 def test_the_summary_compares_with_the_best_baseline_in_the_same_metric(tmp_path):
-    from benchmarks.summary import summary_rows
+    from benchmarks.summary import render, summary_rows
 
     folder = tmp_path / "x-table"
     folder.mkdir()
     (folder / "preset.json").write_text(json.dumps({"compare": {"methods": ["fedsac", "fedavg", "local"]},
-                                                    "paper": {"metric": "weighted",
-                                                              "values": {"fedsac": 80.0, "fedavg": 75.5}}}))
+                                                    "paper": {"metric": "weighted", "values": {},
+                                                              "source": ["fedsac/table1-cifar10-iid"]}}))
     cols = "method,final_acc,final_acc_std,test_acc_at_best_val,test_acc_at_best_val_std,seeds\n"
     (folder / "table.csv").write_text(cols + "fedsac,0.90,0.01,0.91,0.02,3\nfedavg,0.95,0.01,0.89,0.01,3\n"
                                              "local,0.80,0.01,0.85,0.01,3\n")
     (row,) = summary_rows(tmp_path)
     # chosen on validation where there is one: fedavg's higher final accuracy does not count
     assert (row["metric"], row["baseline"], row["ours"], row["base"]) == ("test_acc_at_best_val", "fedavg", 0.91, 0.89)
-    assert row["claimed"] == pytest.approx(4.5)
+    # the paper's gain: FedSaC 70.89 minus the best baseline of the paper's column (pFedGraph 67.37), on CIFAR-10
+    assert row["claimed"]["gain"] == pytest.approx(3.52) and row["claimed"]["baseline"] == "pFedGraph"
+    text = render([row])
+    assert "| +3.52 vs pFedGraph (CIFAR-10; Table 1, CIFAR-10, Homo; client mean) |" in text
+    assert "| +2.00 (paired interval not available until rebuilt) |" in text  # a table without per-seed data
 
 
-def test_the_summary_puts_ours_in_the_papers_metric_where_the_table_has_the_papers_numbers(tmp_path):
-    from benchmarks.summary import summary_rows
+def test_the_summary_difference_carries_the_tables_paired_interval_and_says_tie(tmp_path):
+    from benchmarks.summary import render, summary_rows
 
     folder = tmp_path / "x-table"
     folder.mkdir()
     (folder / "preset.json").write_text(json.dumps({"compare": {"methods": ["fedsac", "fedrep"]},
                                                     "paper": {"metric": "client mean", "data": "CIFAR-10",
-                                                              "values": {"fedsac": 80.0, "fedrep": 79.0}}}))
+                                                              "source": ["fedsac/table1-cifar10-iid"]}}))
     cols = ("method,final_acc,final_acc_std,test_acc_at_best_val,test_acc_at_best_val_std,"
-            "test_client_acc_mean_at_best_val,test_client_acc_mean_at_best_val_std,seeds\n")
+            "test_client_acc_mean_at_best_val,test_client_acc_mean_at_best_val_std,seeds,paired_vs,paired_metric,"
+            "diff_mean,diff_lo,diff_hi,diff_n\n")
     # weighted, fedsac wins; client mean, fedrep wins: the row must follow the paper's metric
-    (folder / "table.csv").write_text(cols + "fedsac,0.9,0,0.92,0.01,0.86,0.01,3\nfedrep,0.9,0,0.90,0.01,0.88,0.01,3\n")
+    (folder / "table.csv").write_text(
+        cols + "fedsac,0.9,0,0.92,0.01,0.86,0.01,3,fedsac,test_client_acc_mean_at_best_val,,,,0\n"
+               "fedrep,0.9,0,0.90,0.01,0.88,0.01,3,fedsac,test_client_acc_mean_at_best_val,-0.02,-0.05,0.01,3\n")
     (row,) = summary_rows(tmp_path)
     assert (row["metric"], row["ours"], row["base"]) == ("test_client_acc_mean_at_best_val", 0.86, 0.88)
-    assert row["claimed"] == pytest.approx(1.0) and row["paper_metric"] == "client mean"
+    assert row["paired"]["tie"] and "| -2.00 [-5.00, +1.00] tie |" in render([row])

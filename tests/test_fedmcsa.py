@@ -490,7 +490,7 @@ def test_comparison_table_reports_the_best_client_mean_accuracy():
 
     row = aggregate_row("x", [{"final_acc": 0.5, "best_client_acc_mean": 0.9}, {"final_acc": 0.5,
                                                                                  "best_client_acc_mean": 0.7}])
-    assert row["best_client_acc_mean"] == pytest.approx(0.8) and row["best_client_acc_mean_std"] == pytest.approx(0.1)
+    assert row["best_client_acc_mean"] == pytest.approx(0.8) and row["best_client_acc_mean_std"] == pytest.approx(0.02 ** 0.5)  # sample std
 
 
 def test_comparison_reuses_only_completed_runs_with_the_same_config(tmp_path):
@@ -500,7 +500,13 @@ def test_comparison_reuses_only_completed_runs_with_the_same_config(tmp_path):
     folder = tmp_path / "fedmcsa-s0"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**config, "results-dir": "/elsewhere", "lr": 0.02}))
-    assert finished_run(config) is None  # cut off: no summary
+    code = {"commit": "abc1234", "source_hash": "0123", "dirty": False}
+    assert finished_run(config, code) == (None, "not finished")  # cut off: no summary
     (folder / "summary.json").write_text(json.dumps({"status": "completed", "final_acc": 0.5}))
-    assert finished_run(config)["final_acc"] == 0.5  # the folder may have moved; every other key matches
-    assert finished_run({**config, "seed": 1}) is None
+    assert finished_run(config, code) == (None, "no provenance record")  # a run from before runs recorded their code
+    from runner.provenance import record
+
+    record(folder, code, config)
+    assert finished_run(config, code)[0]["final_acc"] == 0.5  # the folder may have moved; every other key matches
+    assert finished_run({**config, "seed": 1}, code) == (None, "config changed")
+    assert finished_run(config, {**code, "source_hash": "4567"}) == (None, "source changed")

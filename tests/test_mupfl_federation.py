@@ -153,7 +153,7 @@ def test_rounds_to_target_column(tmp_path):
     write_table(rows, tmp_path, {"compare": {"target-acc": 0.9}}, [])
     table = (tmp_path / "table.md").read_text()
     assert "rounds to 90% |" in table
-    assert "| 4.0 ± 0.8 |" in table and "| 11.0 ± 1.0 (2 of 3 runs) |" in table and "| not reached |" in table
+    assert "| 4.0 ± 1.0 |" in table and "| 11.0 ± 1.4 (2 of 3 runs) |" in table and "| not reached |" in table
     with open(tmp_path / "table.csv") as f:
         got = {r["method"]: r for r in csv.DictReader(f)}
     assert float(got["a"]["rounds_to_target"]) == 4.0 and got["b"]["runs_reaching_target"] == "2/3"

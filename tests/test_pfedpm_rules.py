@@ -747,6 +747,6 @@ def test_the_sweep_runs_every_grid_point_and_chooses_on_validation_not_test(tmp_
     assert "Chosen on validation: reg = l2, lambda = 0.1, a = 0.5" in table
     rows = [line for line in table.splitlines() if line.startswith("| l2 |") or line.startswith("| fedproto |")]
     assert [r.split(" | ")[1:3] for r in rows] == [["0.1", "0.5"], ["0.1", "0.5"], ["1", "0.5"], ["1", "0.5"]]
-    assert rows[0].split(" | ")[3] == "90.50 ± 0.50"  # mean ± std over the two seeds
+    assert rows[0].split(" | ")[3] == "90.50 ± 0.71"  # mean ± sample std over the two seeds: 0.01 / sqrt(2)
     with pytest.raises(SystemExit, match="lambda"):
         expand({**preset, "sweep": {"reg": ["l2"], "a": [0.5]}})

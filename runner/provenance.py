@@ -1,0 +1,145 @@
+"""Where a table's numbers came from: the commit, a hash of the code that decides them, the full command line.
+
+A table in docs/ is made from committed code only (``guard``); each run folder records what made it
+(``provenance.json``: commit, source hash, resolved config), and ``--reuse`` keeps a run only while its
+source hash and config still match (``reusable``), so one table cannot mix code versions without saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# the packages whose code decides a run's numbers (not docs, tests, benchmarks or conf: a run records its config)
+SOURCE_PACKAGES = ("fedcore", "fedstrategies", "clients", "partitions", "server_app", "runner")
+# what the table builders themselves write: changes there do not make a tree "dirty" for them
+OUTPUTS = ("docs/", "README.md")
+RECORD = "provenance.json"
+
+
+class DirtyTree(SystemExit):
+    """A docs/ table was asked for from a tree with uncommitted changes."""
+
+
+def _git(*args: str, root: Path | None = None) -> str:
+    root = root or ROOT
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=root).stdout
+
+
+def commit(root: Path | None = None) -> str:
+    """The short hash of HEAD ("unknown" outside a git checkout)."""
+    root = root or ROOT
+    try:
+        return _git("rev-parse", "--short=7", "HEAD", root=root).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def uncommitted(root: Path | None = None) -> list[str]:
+    """Paths with uncommitted changes (modified, staged or untracked and not ignored), the builders' own
+    outputs (docs/, README.md) left out."""
+    root = root or ROOT
+    try:
+        lines = _git("status", "--porcelain", "--untracked-files=all", root=root).splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return ["(not a git checkout)"]
+    paths = [line[3:].split(" -> ")[-1].strip('"') for line in lines if line.strip()]
+    return [p for p in paths if not p.startswith(OUTPUTS)]
+
+
+def source_hash(root: Path | None = None) -> str:
+    """sha256 (first 16 hex digits) over the path and bytes of every .py file of the source packages as they
+    are on disk now (uncommitted edits included)."""
+    root = root or ROOT
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The full command as typed: ``python -m <module>`` and every argument, quoted where needed."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", "-m", module, *(shlex.quote(str(a)) for a in args)])
+
+
+def writes_docs(out: Path, root: Path | None = None) -> bool:
+    """Whether ``out`` lies under the repository's docs/."""
+    root = root or ROOT
+    try:
+        Path(out).resolve().relative_to((root / "docs").resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def guard(out: Path, allow_dirty: bool, root: Path | None = None) -> bool:
+    """Refuse (``DirtyTree``) to write a docs/ table from an uncommitted tree unless ``allow_dirty``; returns
+    whether the table is made from uncommitted code (then it says so in bold)."""
+    root = root or ROOT
+    if not writes_docs(out, root):
+        return bool(uncommitted(root))
+    changed = uncommitted(root)
+    if changed and not allow_dirty:
+        shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+        raise DirtyTree(f"refusing to write {Path(out).resolve().relative_to(root.resolve())} from a tree with "
+                        f"uncommitted changes ({shown}): commit them first, or pass --allow-dirty to try things "
+                        "(the table then says in bold that it is not from committed code)")
+    return bool(changed)
+
+
+def stamp(root: Path | None = None) -> dict:
+    """What a run records about the code that made it: commit, source hash and whether the tree was dirty."""
+    root = root or ROOT
+    return {"commit": commit(root), "source_hash": source_hash(root), "dirty": bool(uncommitted(root))}
+
+
+def record(folder: Path, code: dict, config: dict) -> None:
+    """Write ``folder``/provenance.json: the code stamp and the run's resolved config (its config.json)."""
+    try:
+        resolved = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        resolved = config
+    (Path(folder) / RECORD).write_text(json.dumps({**code, "config": resolved}, indent=2, sort_keys=True))
+
+
+def read(folder: Path) -> dict | None:
+    try:
+        return json.loads((Path(folder) / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def reusable(folder: Path, config: dict, code: dict) -> tuple[bool, str]:
+    """Whether a finished run may be kept: its provenance exists, its source hash is ``code``'s and its
+    resolved config holds every key of ``config`` with the same value. Returns (keep, reason if not)."""
+    saved = read(folder)
+    if saved is None:
+        return False, "no provenance record"
+    if saved.get("source_hash") != code["source_hash"]:
+        return False, "source changed"
+    resolved = saved.get("config", {})
+    if any(resolved.get(k) != v for k, v in config.items() if k not in ("results-dir", "overwrite")):
+        return False, "config changed"
+    return True, ""
+
+
+def commits_line(commits: dict[str, list[str]]) -> str:
+    """"Runs from commit `a` (12 runs)" or, for several, each commit with its runs' rows."""
+    if not commits:
+        return ""
+    if len(commits) == 1:
+        (c, runs), = commits.items()
+        return f"Runs from commit `{c}` ({len(runs)} runs)."
+    parts = [f"`{c}` ({len(runs)} runs: {', '.join(sorted(set(r.rsplit('-s', 1)[0] for r in runs)))})"
+             for c, runs in sorted(commits.items())]
+    return "Runs from commits " + "; ".join(parts) + "."

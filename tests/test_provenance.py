@@ -1,0 +1,171 @@
+"""Tables anyone can audit: made from committed code only, runs reused only while their code and config match,
+per-run data that recomputes every committed table, and the paired t-interval checked by hand."""
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runner import provenance, run_data, stats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git checkout with one committed source file, standing in for the repository."""
+    (tmp_path / "fedcore").mkdir()
+    (tmp_path / "fedcore" / "x.py").write_text("A = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "init")
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    return tmp_path
+
+
+def test_compare_refuses_to_write_docs_from_a_dirty_tree(repo, capsys):
+    from server_app.compare import main
+
+    preset = repo / "p.toml"  # untracked: a dirty tree
+    preset.write_text('[compare]\nmethods = ["local"]\nseeds = [0]\nsupernodes = 2\nengine = "inprocess"\n'
+                      f'output = "{repo / "docs" / "results" / "x"}"\n[run-config]\ndataset = "digits"\n'
+                      'num-server-rounds = 1\n')
+    with pytest.raises(provenance.DirtyTree, match=r"refusing to write docs/results/x .*p\.toml.*--allow-dirty"):
+        main([str(preset)])
+    assert not (repo / "docs").exists()  # nothing written, nothing run
+    _git(repo, "add", "p.toml")
+    _git(repo, "commit", "-q", "-m", "preset")
+    (repo / "docs" / "results" / "x").mkdir(parents=True)
+    (repo / "docs" / "results" / "x" / "table.md").write_text("old\n")  # the builders' own outputs do not count
+    assert provenance.uncommitted() == [] and provenance.guard(repo / "docs" / "results" / "x", False) is False
+    (repo / "fedcore" / "x.py").write_text("A = 2\n")  # a source edit
+    with pytest.raises(provenance.DirtyTree, match="fedcore/x.py"):
+        provenance.guard(repo / "docs" / "results" / "x", False)
+    assert provenance.guard(repo / "docs" / "results" / "x", True) is True  # --allow-dirty: marked, not refused
+    assert provenance.guard(repo / "elsewhere", False) is True  # outside docs/: tried freely
+
+
+def test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits():
+    from server_app.compare import made_line
+
+    made = {"command": "python -m server_app.compare conf/x.toml --reuse --seeds 0,1", "commit": "abc1234",
+            "commits": {"abc1234": ["fedavg-s0", "fedavg-s1"], "0def567": ["local-s0"]}, "dirty": True}
+    line = made_line({"made": made})
+    assert "`python -m server_app.compare conf/x.toml --reuse --seeds 0,1`" in line
+    assert "Runs from commits `0def567` (1 runs: local); `abc1234` (2 runs: fedavg)." in line
+    assert "**Made from a tree with uncommitted changes (`--allow-dirty`)" in line
+    assert "Runs from commit `abc1234` (2 runs)." in made_line({"made": {**made, "dirty": False,
+                                                                         "commits": {"abc1234": ["a-s0", "a-s1"]}}})
+
+
+def test_the_recorded_command_is_the_full_command_line():
+    assert provenance.command_line("server_app.compare", ["conf/a b.toml", "--reuse", "--methods", "x,y"]) == \
+        "python -m server_app.compare 'conf/a b.toml' --reuse --methods x,y"
+
+
+def test_the_source_hash_follows_the_source_packages_only(repo):
+    before = provenance.source_hash()
+    (repo / "docs").mkdir()
+    (repo / "docs" / "page.md").write_text("words\n")
+    assert provenance.source_hash() == before  # docs do not decide numbers
+    (repo / "fedcore" / "x.py").write_text("A = 2\n")
+    assert provenance.source_hash() != before
+
+
+def _preset(out: Path, methods=("fedavg", "local"), seeds=(0, 1)) -> dict:
+    return {"compare": {"methods": list(methods), "seeds": list(seeds), "supernodes": 3, "output": str(out),
+                        "engine": "inprocess", "focus": "fedavg"},
+            "run-config": {"dataset": "digits", "num-server-rounds": 3, "val-fraction": 0.2, "node-wait-s": 0}}
+
+
+def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monkeypatch, capsys):
+    from server_app.compare import run_all
+
+    out = tmp_path / "cmp"
+    run_all(_preset(out, ("local",), (0,)), ROOT)
+    record = json.loads((out / "runs" / "local-s0" / "provenance.json").read_text())
+    assert record["source_hash"] == provenance.source_hash() and record["config"]["method"] == "local"
+    assert record["commit"] == provenance.commit()
+    capsys.readouterr()
+    run_all(_preset(out, ("local",), (0,)), ROOT, reuse=True)
+    assert f"reuse: kept 1 of 1 runs, from commits {provenance.commit()} (1)" in capsys.readouterr().out
+    real = provenance.source_hash
+    monkeypatch.setattr(provenance, "source_hash", lambda root=None: "changed" + real(root)[7:])  # a source edit
+    run_all(_preset(out, ("local",), (0,)), ROOT, reuse=True)
+    assert "reuse: kept 0 of 1 runs, from commits -; 1 not kept: source changed" in capsys.readouterr().out
+    assert json.loads((out / "runs" / "local-s0" / "provenance.json").read_text())["source_hash"].startswith("changed")
+    changed = _preset(out, ("local",), (0,))
+    changed["run-config"]["lr"] = 0.5
+    run_all(changed, ROOT, reuse=True)
+    assert "1 not kept: config changed" in capsys.readouterr().out
+
+
+def _recomputed_table(folder: Path) -> str:
+    from server_app.compare import _footer_failures, entries, render_table, table_rows
+
+    preset = json.loads((folder / "preset.json").read_text())
+    rows = table_rows(entries(preset), run_data.summaries(folder), preset)
+    return render_table(rows, preset, _footer_failures(folder / "table.md"))
+
+
+def test_a_table_recomputes_from_its_per_run_data(tmp_path):
+    from server_app.compare import run_all
+
+    out = run_all(_preset(tmp_path / "cmp"), ROOT)
+    assert _recomputed_table(out) == (out / "table.md").read_text()
+    for run in run_data.load(out):  # the recomputed summary is the run's own
+        saved = json.loads((out / "runs" / f"{run['label']}-s{run['seed']}" / "summary.json").read_text())
+        again = run_data.summary(run)
+        for key in ("final_acc", "client_acc_mean", "test_acc_at_best_val", "test_client_acc_mean_at_best_val",
+                    "best_acc", "last10_acc"):
+            assert again[key] == saved[key], key
+        clients = run["clients_final"]
+        assert sum(clients["accuracy"]) / len(clients["accuracy"]) == pytest.approx(saved["client_acc_mean"])
+    table = (out / "table.md").read_text()
+    assert "± is the sample std over seeds (ddof = 1)" in table and "95% t-interval" in table
+    assert "| fedavg minus row (at best-val round, weighted; points, paired 95% t-interval over seeds) |" in table
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent for p in (ROOT / "docs" / "results").glob(f"*/{run_data.FILE}")),
+                         ids=lambda p: p.name)
+def test_every_docs_table_with_per_run_data_recomputes_from_it(folder):
+    assert _recomputed_table(folder) == (folder / "table.md").read_text()
+    assert (folder / run_data.FILE).stat().st_size < 400_000, "per-run data must stay small"
+    commits = json.loads((folder / "preset.json").read_text())["made"]["commits"]
+    assert {r["commit"] for r in run_data.load(folder)} == set(commits)
+
+
+def test_the_paired_t_interval_matches_a_hand_computation():
+    # d = 0.02, 0.01, 0.05: mean 0.0266667, sample sd sqrt(((-1/150)^2 + (-1/60)^2 + (7/300)^2) / 2) = 0.0208167;
+    # t(0.975, 2 df) = 4.302653 (any t table), half-width = 4.302653 * 0.0208167 / sqrt(3) = 0.0517114
+    got = stats.paired_difference({0: 0.90, 1: 0.92, 2: 0.95, 3: 0.5}, {0: 0.88, 1: 0.91, 2: 0.90})
+    assert got["n"] == 3 and got["mean"] == pytest.approx(0.0266667, abs=1e-7)
+    assert (got["lo"], got["hi"]) == (pytest.approx(0.0266667 - 0.0517114, abs=1e-6),
+                                      pytest.approx(0.0266667 + 0.0517114, abs=1e-6))
+    assert got["tie"] and stats.difference_cell(got) == "+2.67 [-2.50, +7.84] tie"
+    clear = stats.paired_difference({0: 0.92, 1: 0.931, 2: 0.919}, {0: 0.90, 1: 0.91, 2: 0.90})
+    # d = 0.020, 0.021, 0.019: sd 0.001, half-width 4.302653 * 0.001 / sqrt(3) = 0.0024841
+    assert (clear["lo"], clear["hi"]) == (pytest.approx(0.02 - 0.0024841, abs=1e-6),
+                                          pytest.approx(0.02 + 0.0024841, abs=1e-6))
+    assert not clear["tie"] and stats.difference_cell(clear) == "+2.00 [+1.75, +2.25]"
+    assert stats.difference_cell(stats.paired_difference({0: 0.9}, {0: 0.8})) == "+10.00 (1 seed: no interval)"
+
+
+def test_sample_std_and_its_conversion_from_a_population_std():
+    values = [0.90, 0.92, 0.95]
+    population = math.sqrt(sum((v - sum(values) / 3) ** 2 for v in values) / 3)
+    assert stats.sample_std(values) == pytest.approx(math.sqrt(sum((v - sum(values) / 3) ** 2 for v in values) / 2))
+    assert stats.sample_from_population(population, 3) == pytest.approx(stats.sample_std(values))
+    assert math.isnan(stats.sample_std([0.5]))
+
+
+@pytest.mark.parametrize("preset", sorted((ROOT / "docs" / "results").glob("*/preset.json")), ids=lambda p: p.parent.name)
+def test_no_docs_table_shows_a_population_std(preset):
+    assert json.loads(preset.read_text()).get("std") in ("sample", "sample-converted")
