@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from server_app.progress import study_env
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE_DATASETS = ("digits", "mnist5k", "synthetic")  # embedded or generated: always available
@@ -97,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         return 0
     failed = []
-    for p in chosen:
-        if not available(p):
-            continue
-        print(f"== {p.name}", flush=True)
+    ready = [p for p in chosen if available(p)]
+    # one progress line for the whole study: each comparison counts its runs into these (server_app/progress.py)
+    total, done, t0 = sum(p.runs for p in ready), 0, time.time()
+    for i, p in enumerate(ready, 1):
+        print(f"== {p.name} (preset {i}/{len(ready)}; runs {done}/{total} before it)", flush=True)
         rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), "--reuse"],
-                            cwd=ROOT).returncode
+                            cwd=ROOT, env={**os.environ, **study_env(done, total, t0)}).returncode
+        done += p.runs
         if rc:
             failed.append(p.name)
     if args.benchmarks:

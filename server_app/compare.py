@@ -6,7 +6,8 @@ budget, for each seed. Output in the preset's ``output`` folder:
 - ``table.md`` / ``table.csv``: one row per entry, mean ± std over seeds; with a validation split
   (``val-fraction`` in the preset's run config, 0.1 in the shipped presets) the headline is the test
   accuracy at the round best on validation, else the best-of-test accuracy, marked optimistic,
-- ``curves.png``: every entry's accuracy curve (mean over seeds),
+- ``curves.png`` and ``headline.png``: the accuracy curves (± one std over seeds, a zoom on the last
+  half) and each entry's headline with its 95% interval over seeds (server_app/figures.py),
 - ``runs/<label>-s<seed>/``: each run's own results.
 
     python -m server_app.compare conf/mnist5k-pathological.toml [--methods local,fedavg] [--seeds 0,1] [--reuse]
@@ -128,7 +129,7 @@ def entries(preset: dict, labels: list[str] | None = None) -> list[Entry]:
 
 def run_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
     return {**preset.get("run-config", {}), **entry.config, "method": entry.method, "seed": seed,
-            "results-dir": str(out / "runs"), "run-name": f"{entry.label}-s{seed}"}
+            "results-dir": str(out / "runs"), "run-name": f"{entry.label}-s{seed}", "tracker-group": out.name}
 
 
 def job_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
@@ -162,7 +163,7 @@ def finished_run(config: dict) -> dict | None:
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    same = all(saved.get(k) == v for k, v in config.items() if k != "results-dir")
+    same = all(saved.get(k) == v for k, v in config.items() if k != "results-dir" and not k.startswith("tracker"))
     return summary if same and summary.get("status") == "completed" else None
 
 
@@ -176,6 +177,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     out = (app_dir / spec.get("output", "results/compare")).resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [(e, s) for e in rows_of if e.runs_of is None for s in seeds]
+    planned = len(jobs)
     results: dict[str, list[dict]] = {e.label: [] for e in rows_of}
     if reuse or table_only:
         for entry, seed in list(jobs):
@@ -189,12 +191,14 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
         failures += [f"{entry.label} seed {seed}: not run" for entry, seed in jobs]
         jobs = []
     started = time.monotonic()
+    progress = _progress(preset, jobs, out, app_dir, reused=planned - len(jobs) - len(failures))
     supernodes = spec.get("supernodes", 10)
     engine = spec.get("engine", "flwr")
     if engine not in ("flwr", "inprocess"):
         raise SystemExit(f"engine must be 'flwr' or 'inprocess', got {engine!r}")
 
     def record(i: int, entry: Entry, seed: int, result: dict, seconds: float) -> None:
+        progress.finished(f"{entry.label}-s{seed}")
         summary = result["summary"]
         if result["status"] != "finished:completed" or summary is None:
             failures.append(f"{entry.label} seed {seed}: {result['status']} {result['details']}")
@@ -225,6 +229,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                               cpus_per_client=spec.get("cpus-per-client", 1),
                               gpus_per_client=spec.get("gpus-per-client", 0.0), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
+    progress.stop()
     for entry in rows_of:
         if entry.runs_of is not None:
             results[entry.label] = results[entry.runs_of]
@@ -238,11 +243,24 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                           for s in results[e.label]]
                 rows[-1].update(target_row(rounds))
     write_table(rows, out, preset, failures)
-    plot_curves(rows_of, seeds, out)
+    from server_app.figures import write_figures
+
+    write_figures(out, preset, [e.label for e in rows_of], seeds)  # curves.png, headline.png
     print((out / "table.md").read_text())
     if failures:
         print("failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)
     return out
+
+
+def _progress(preset: dict, jobs: list, out: Path, app_dir: Path, reused: int):
+    """The study's progress line over these jobs (server_app/progress.py), watching from now on."""
+    from fedcore.config import pyproject_run_config
+    from server_app.progress import Job, StudyProgress
+
+    default = pyproject_run_config(app_dir).get("num-server-rounds", 20) if (app_dir / "pyproject.toml").exists() else 20
+    return StudyProgress([Job(f"{e.label}-s{s}", out / "runs" / f"{e.label}-s{s}",
+                              int(run_config(preset, e, s, out).get("num-server-rounds", default))) for e, s in jobs],
+                         reused=reused, label=out.name).start()
 
 
 def _accuracy_keys(accuracy: str | None) -> dict[str, str]:
@@ -486,34 +504,6 @@ def _rounds_cell(row: dict) -> str:
     return cell if reached == runs else f"{cell} ({reached} of {runs} runs)"
 
 
-def plot_curves(rows_of: list[Entry], seeds: list[int], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for entry in rows_of:
-        column = entry.accuracy or "acc_weighted"
-        curves = []
-        for seed in seeds:
-            path = out / "runs" / f"{entry.run_label}-s{seed}" / "rounds.csv"
-            if path.exists():
-                rows = [r for r in csv.DictReader(open(path)) if r.get(column)]
-                curves.append({int(r["round"]): float(r[column]) for r in rows})
-        if not curves:
-            continue
-        rounds = sorted(set.intersection(*(set(c) for c in curves)))
-        mean = np.array([np.mean([c[r] for c in curves]) for r in rounds])
-        ax.plot(rounds, 100 * mean, label=entry.label, linestyle="--" if entry.runs_of else "-")
-    ax.set(xlabel="round", ylabel="personalised test accuracy (%)", title=out.name)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path, nargs="?")
@@ -526,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep completed runs whose saved config matches instead of running them again")
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: table the completed runs there are, with each row's number of seeds")
+    parser.add_argument("--tracker", help="run-config tracker of every run (tensorboard, wandb): grouped by the preset")
     args = parser.parse_args(argv)
     if args.rerender:
         for folder in args.rerender:
@@ -534,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset is None:
         parser.error("a preset is needed (or --rerender DIR)")
     preset = load_preset(args.preset)
+    if args.tracker:
+        preset.setdefault("run-config", {})["tracker"] = args.tracker
     preset["made"] = {"command": f"python -m server_app.compare {args.preset}", "commit": _commit()}
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
