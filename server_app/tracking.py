@@ -59,8 +59,9 @@ def _numbers(row: dict) -> dict[str, float]:
             and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def _heatmap(name: str, matrix: np.ndarray, rnd: int) -> np.ndarray:
-    """A matrix as an RGB image (H x W x 3, uint8), one colour scale, values written on small ones."""
+def _heatmap(name: str, matrix: np.ndarray, rnd: int, pids=None) -> np.ndarray:
+    """A matrix as an RGB image (H x W x 3, uint8), values written on small ones; rows and columns
+    named by the clients' partition ids where the strategy recorded them (``pids``, ``*-pids``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,10 +69,17 @@ def _heatmap(name: str, matrix: np.ndarray, rnd: int) -> np.ndarray:
 
     fig, ax = plt.subplots(figsize=(4.2, 3.6), layout="constrained")
     image = ax.imshow(matrix, cmap="viridis")
-    if len(matrix) <= 12:
+    n = len(matrix)
+    if n <= 12:
+        middle = (np.nanmin(matrix) + np.nanmax(matrix)) / 2
         for (i, j), value in np.ndenumerate(matrix):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6, color="w")
-    ax.set(title=f"{name}, round {rnd}", xlabel="column", ylabel="row")
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                    color="black" if value > middle else "white")
+    if n <= 20:
+        ticks = [int(p) for p in pids] if pids is not None else list(range(n))
+        ax.set(xticks=range(n), yticks=range(n), xticklabels=ticks, yticklabels=ticks)
+    who = "client (partition id)" if pids is not None else "index"
+    ax.set(title=f"{name}, round {rnd}", xlabel=who, ylabel=who)
     fig.colorbar(image, ax=ax)
     fig.canvas.draw()
     rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
@@ -193,10 +201,12 @@ class Tracking:
             client_acc = list(evaluation["client-acc"]) if evaluation and "client-acc" in evaluation else None
             images = {}
             if matrices and (rnd % self.every == 0 or rnd >= self.last_round):
+                vectors = [np.asarray(v) for k, v in matrices.items() if k.endswith("pids") and np.ndim(v) == 1]
                 for name, value in matrices.items():
                     m = np.asarray(value, dtype=float)
                     if m.ndim == 2 and m.shape[0] == m.shape[1] and m.size > 1:
-                        images[name] = _heatmap(name, m, rnd)
+                        pids = next((v for v in vectors if len(v) == len(m)), None)
+                        images[name] = _heatmap(name, m, rnd, pids)
             numbers = _numbers(row)
         except Exception as err:  # drawing failed: every back-end stops, the run does not
             for backend in list(self.backends):
