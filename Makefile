@@ -36,6 +36,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/pip install -q -c constraints.txt -e ".[test]"
+	@# the optional W&B tracker, for its tests: where the registry lacks it they are skipped with the reason
+	-$(BIN)/pip install -q -c constraints.txt -e ".[test,wandb]"
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # tables that are not accuracy comparisons of a paper's setting
 LEFT_OUT = {"fedfcd-mnist5k-bytes": "a bytes count over a few rounds",
             "fedmcsa-synthetic-n20-t400": "a diagnostic: the acceptance check run 8 times longer",
-            "fedmcsa-synthetic-dnn-options": "FedMCSA's options one at a time, no baselines"}
+            "fedmcsa-synthetic-dnn-options": "FedMCSA's options one at a time, no baselines",
+            "fedsac-digits-quick": "a few-minute check of the comparison figures on digits, not the paper's setting"}
 
 
 def _baselines() -> set[str]:

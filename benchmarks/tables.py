@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.progress import study_env
 from runner.provenance import uncommitted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"refusing to rebuild docs/ tables from a tree with uncommitted changes ({', '.join(changed[:8])}"
                          f"{' ...' if len(changed) > 8 else ''}): commit first, or pass --allow-dirty to try things")
     failed = []
-    for p in chosen:
-        if not available(p):
-            continue
-        print(f"== {p.name}", flush=True)
+    ready = [p for p in chosen if available(p)]
+    # one progress line for the whole study: each comparison counts its runs into these (runner/progress.py)
+    total, done, t0 = sum(p.runs for p in ready), 0, time.time()
+    for i, p in enumerate(ready, 1):
+        print(f"== {p.name} (preset {i}/{len(ready)}; runs {done}/{total} before it)", flush=True)
         rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), "--reuse",
-                             *(["--allow-dirty"] if args.allow_dirty else [])], cwd=ROOT).returncode
+                             *(["--allow-dirty"] if args.allow_dirty else [])],
+                            cwd=ROOT, env={**os.environ, **study_env(done, total, t0)}).returncode
+        done += p.runs
         if rc:
             failed.append(p.name)
     if args.benchmarks:

@@ -112,6 +112,12 @@ def _common_keys() -> dict[str, Key]:
         "overwrite": Key(False, "replace an existing results folder of the same run-name (else it is an error)"),
         "plots": Key(True, "draw the run's PNG plots at its end (accuracy, label counts, round matrices); "
                      "the CSV and JSON results are written either way"),
+        "tracker": Key("none", "experiment tracking of the server's numbers: none, tensorboard (event files in the run "
+                       "folder), wandb (offline run folder; the [wandb] extra), or both comma-separated "
+                       "(server_app/tracking.py)"),
+        "tracker-every": Key(10, "the tracker draws the recorded matrices (collaboration graph, attention) every this "
+                             "many rounds and at the last", low=1),
+        "tracker-group": Key("", "the tracker's group of runs (a comparison sets its preset); empty = none"),
         "checkpoint-keep": Key(2, "server checkpoints kept per run (one is written after every round)", low=1),
         "client-state-dir": Key("", "where clients keep their state between rounds on disk; "
                                 "empty = results-dir/run-name/client-state (a node's state-dir node config wins)"),
@@ -197,6 +203,18 @@ def _refuse_unused_options(values: dict[str, Any], keys: dict[str, Key]) -> None
 FAULT_KINDS = ("raise", "hang", "nan", "shape", "missing", "wrong-pid", "huge", "overflow")  # clients/faults.py
 
 
+TRACKERS = ("none", "tensorboard", "wandb")  # server_app/tracking.py
+
+
+def parse_trackers(text: str) -> tuple[str, ...]:
+    """The ``tracker`` list without "none"; ConfigError for an unknown or empty name."""
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",")))
+    if not names or not all(names) or set(names) - set(TRACKERS) or ("none" in names and len(names) > 1):
+        raise ConfigError(f"'tracker' = {text!r} is not valid; choose one of: {', '.join(TRACKERS)}, or "
+                          "tensorboard,wandb for both")
+    return tuple(n for n in names if n != "none")
+
+
 def parse_fault_kinds(text: str) -> tuple[str, ...]:
     """The ``faults.kinds`` list; ConfigError for an unknown or empty one."""
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
@@ -227,6 +245,7 @@ class Config(Mapping):
         values = {name: key.check(name, run_config.get(name, key.default)) for name, key in keys.items()}
         _refuse_unused_options(values, keys)
         parse_fault_kinds(values["faults.kinds"])
+        parse_trackers(values["tracker"])
         values, sources = resolve_auto(values)
         for name, source in sources.items():  # a paper's value is checked like a user's
             values[name] = keys[name].check(f"{name} ({source})", values[name])

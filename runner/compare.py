@@ -6,7 +6,8 @@ budget, for each seed. Output in the preset's ``output`` folder:
 - ``table.md`` / ``table.csv``: one row per entry, mean ± std over seeds; with a validation split
   (``val-fraction`` in the preset's run config, 0.1 in the shipped presets) the headline is the test
   accuracy at the round best on validation, else the best-of-test accuracy, marked optimistic,
-- ``curves.png``: every entry's accuracy curve (mean over seeds),
+- ``curves.png`` and ``headline.png``: the accuracy curves (± one std over seeds, a zoom on the last
+  half) and each entry's headline with its 95% interval over seeds (runner/figures.py),
 - ``runs/<label>-s<seed>/``: each run's own results.
 
 - ``runs.json.gz``: every run's per-round accuracies, per-client final accuracy and provenance
@@ -137,7 +138,7 @@ def entries(preset: dict, labels: list[str] | None = None) -> list[Entry]:
 
 def run_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
     return {**preset.get("run-config", {}), **entry.config, "method": entry.method, "seed": seed,
-            "results-dir": str(out / "runs"), "run-name": f"{entry.label}-s{seed}"}
+            "results-dir": str(out / "runs"), "run-name": f"{entry.label}-s{seed}", "tracker-group": out.name}
 
 
 def job_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
@@ -208,6 +209,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     code = provenance.stamp()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [(e, s) for e in rows_of if e.runs_of is None for s in seeds]
+    planned = len(jobs)
     results: dict[str, list[dict]] = {e.label: [] for e in rows_of}
     commits: dict[str, list[str]] = {}  # commit -> the runs ("label-s<seed>") made there
     if reuse or table_only:
@@ -217,12 +219,14 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
         failures += [f"{entry.label} seed {seed}: not run" for entry, seed in jobs]
         jobs = []
     started = time.monotonic()
+    progress = _progress(preset, jobs, out, app_dir, reused=planned - len(jobs) - len(failures))
     supernodes = spec.get("supernodes", 10)
     engine = spec.get("engine", "flwr")
     if engine not in ("flwr", "inprocess"):
         raise SystemExit(f"engine must be 'flwr' or 'inprocess', got {engine!r}")
 
     def record(i: int, entry: Entry, seed: int, result: dict, seconds: float) -> None:
+        progress.finished(f"{entry.label}-s{seed}")
         summary = result["summary"]
         if result["status"] != "finished:completed" or summary is None:
             failures.append(f"{entry.label} seed {seed}: {result['status']} {result['details']}")
@@ -261,9 +265,12 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     preset["std"] = "sample"
     run_data.write(out, [run_data.collect(Path(s["results_dir"]), e.label, s["seed"], code)
                          for e in rows_of if e.runs_of is None for s in results[e.label]])
+    progress.stop()
     write_table(table_rows(rows_of, results, preset), out, preset, failures)
     (out / "preset.json").write_text(json.dumps(preset, indent=2))  # what made the table: rerender and tests read it
-    plot_curves(rows_of, seeds, out)
+    from runner.figures import write_figures
+
+    write_figures(out, preset, [e.label for e in rows_of], seeds)  # curves.png, headline.png
     print((out / "table.md").read_text())
     if failures:
         print("failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)
@@ -319,6 +326,17 @@ def headline_key(preset: dict, rows: list[dict]) -> str:
         return "final_acc"
     paper = preset.get("paper")
     return PAPER_METRICS[paper["metric"]] if paper else "test_acc_at_best_val"
+
+
+def _progress(preset: dict, jobs: list, out: Path, app_dir: Path, reused: int):
+    """The study's progress line over these jobs (runner/progress.py), watching from now on."""
+    from fedcore.config import pyproject_run_config
+    from runner.progress import Job, StudyProgress
+
+    default = pyproject_run_config(app_dir).get("num-server-rounds", 20) if (app_dir / "pyproject.toml").exists() else 20
+    return StudyProgress([Job(f"{e.label}-s{s}", out / "runs" / f"{e.label}-s{s}",
+                              int(run_config(preset, e, s, out).get("num-server-rounds", default))) for e, s in jobs],
+                         reused=reused, label=out.name).start()
 
 
 def _accuracy_keys(accuracy: str | None) -> dict[str, str]:
@@ -624,34 +642,6 @@ def _rounds_cell(row: dict) -> str:
     return cell if reached == runs else f"{cell} ({reached} of {runs} runs)"
 
 
-def plot_curves(rows_of: list[Entry], seeds: list[int], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for entry in rows_of:
-        column = entry.accuracy or "acc_weighted"
-        curves = []
-        for seed in seeds:
-            path = out / "runs" / f"{entry.run_label}-s{seed}" / "rounds.csv"
-            if path.exists():
-                rows = [r for r in csv.DictReader(open(path)) if r.get(column)]
-                curves.append({int(r["round"]): float(r[column]) for r in rows})
-        if not curves:
-            continue
-        rounds = sorted(set.intersection(*(set(c) for c in curves)))
-        mean = np.array([np.mean([c[r] for c in curves]) for r in rounds])
-        ax.plot(rounds, 100 * mean, label=entry.label, linestyle="--" if entry.runs_of else "-")
-    ax.set(xlabel="round", ylabel="personalised test accuracy (%)", title=out.name)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path, nargs="?")
@@ -666,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: table the completed runs there are, with each row's number of seeds")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write a docs/ table from uncommitted code (to try things: the table says so in bold)")
+    parser.add_argument("--tracker", help="run-config tracker of every run (tensorboard, wandb): grouped by the preset")
     args = parser.parse_args(argv)
     if args.rerender:
         for folder in args.rerender:
@@ -674,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset is None:
         parser.error("a preset is needed (or --rerender DIR)")
     preset = load_preset(args.preset)
+    if args.tracker:
+        preset.setdefault("run-config", {})["tracker"] = args.tracker
     preset["made"] = {"command": provenance.command_line("server_app.compare", argv)}
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None

@@ -128,7 +128,7 @@ def reusable(folder: Path, config: dict, code: dict) -> tuple[bool, str]:
     if saved.get("source_hash") != code["source_hash"]:
         return False, "source changed"
     resolved = saved.get("config", {})
-    if any(resolved.get(k) != v for k, v in config.items() if k not in ("results-dir", "overwrite")):
+    if any(resolved.get(k) != v for k, v in config.items() if k not in ("results-dir", "overwrite") and not k.startswith("tracker")):
         return False, "config changed"
     return True, ""
 

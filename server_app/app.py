@@ -32,6 +32,7 @@ from fedstrategies.base import ClientInfo
 from server_app import checkpoints
 from server_app.nodes import Membership, StartupError, send_and_receive  # noqa: F401 (StartupError: re-exported)
 from server_app.results import ResultsWriter, format_summary, run_folder, validation_columns
+from server_app.tracking import Tracking
 
 app = ServerApp()
 
@@ -130,6 +131,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
     clients, input_shape, num_classes = membership.connect()
     writer = ResultsWriter(cfg, folder, resume=checkpoint["writer"] if checkpoint else None)
     writer.startup_from = t0_is
+    tracking = Tracking(cfg, writer.dir)  # tracker = none: nothing
     log(INFO, "%s clients connected; results go to %s", len(clients), writer.dir)
     pids = list(clients)
     writer.write_label_counts(pids, np.stack([clients[p].train_label_counts for p in pids]),
@@ -166,6 +168,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
                **_method_columns(metrics, "m_"), "wall_s": time.monotonic() - start, "startup_s": prep_startup}
         row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies))
         writer.add_round(row, None, strategy.round_matrices)
+        tracking.round(row, None, strategy.round_matrices)
         strategy.round_matrices = {}
         save_checkpoint(0)
         log(INFO, "[round 0] preparation: %s replies (dropped %s)  %.2f s", row["replies"], row["dropped"],
@@ -202,6 +205,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
         row["state_lost"] = len(strategy.state_lost) - lost_before
         row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies), eval_bytes_down=_bytes(eval_msgs))
         writer.add_round(row, evaluation, strategy.round_matrices)
+        tracking.round(row, evaluation, strategy.round_matrices)
         strategy.round_matrices = {}
         save_checkpoint(rnd)
         acc = f"{100 * row['acc_weighted']:.2f}%" if "acc_weighted" in row else "-"
@@ -213,6 +217,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
             rnd, rounds, acc, f"{row['train_loss']:.4f}" if row["train_loss"] != "" else "-", row["replies"],
             row["dropped"], row["wall_s"], writer.elapsed(), eta)
     summary = writer.finish(len(clients), strategy.dropped)
+    tracking.finish(summary)
     if os.environ.get("PFL_LAUNCHER"):  # the launcher prints the table itself, once
         log(INFO, "results: %s", summary["results_dir"])
     else:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import Config
-from runner.compare import Entry, aggregate_row, entries, load_preset, plot_curves, run_all, write_table
+from runner.compare import Entry, aggregate_row, entries, load_preset, run_all, write_table
+from runner.figures import write_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def test_table_and_curves_from_real_runs(tmp_path):
     rows = [aggregate_row(m, s) for m, s in summaries.items()]
     preset = {"compare": {"supernodes": 3}, "run-config": {"dataset": "digits"}}
     write_table(rows, out, preset, failures=[])
-    plot_curves([Entry("local", "local"), Entry("fedavg", "fedavg")], [0, 1], out)
+    write_figures(out, {**preset, "compare": {**preset["compare"], "methods": ["local", "fedavg"], "seeds": [0, 1]}})
 
     local = summaries["local"]
     expected = sum(s["final_acc"] for s in local) / 2
@@ -42,7 +43,14 @@ def test_table_and_curves_from_real_runs(tmp_path):
     assert float(got["local"]["final_acc"]) == pytest.approx(expected)
     assert int(got["fedavg"]["seeds"]) == 2
     assert float(got["local"]["mb_up_per_round"]) < float(got["fedavg"]["mb_up_per_round"])
-    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG" and (out / "headline.png").exists()
+    # the figure's headline (no validation split here: best-of-test): mean and sample std over the seeds' runs
+    with open(out / "headline.csv") as f:
+        plotted = {r["method"]: r for r in csv.DictReader(f)}
+    best = [s["best_acc"] for s in local]
+    assert float(plotted["local"]["mean"]) == pytest.approx(sum(best) / 2, abs=1e-6)
+    assert float(plotted["local"]["std"]) == pytest.approx(abs(best[0] - best[1]) / 2 ** 0.5, abs=1e-6)
+    assert plotted["local"]["metric"] == "best_acc" and plotted["fedavg"]["seeds"] == "2"
 
 
 def test_variants_have_labels_options_and_rows_read_from_other_runs():
@@ -66,9 +74,13 @@ def test_variants_have_labels_options_and_rows_read_from_other_runs():
     assert aggregate_row("fedprox", summaries)["final_acc"] == 0.5
 
 
-def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path):
-    """engine = "inprocess": the same ServerApp and ClientApp in worker processes, table and curves written."""
+def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path, monkeypatch, capsys):
+    """engine = "inprocess": the same ServerApp and ClientApp in worker processes, table and curves written;
+    started by `make tables` (which passes its study's counts), its progress line counts the whole study."""
     from runner.compare import run_all
+    from runner.progress import study_env
+
+    monkeypatch.setenv(*next(iter(study_env(5, 9, 0.0).items())))
 
     preset = {"compare": {"methods": ["local", "fedavg-strong"], "seeds": [0], "supernodes": 3,
                           "output": str(tmp_path / "cmp"), "engine": "inprocess", "jobs": 2},
@@ -79,6 +91,7 @@ def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path):
     assert "| local |" in table and "| fedavg-strong |" in table and "engine inprocess" in table
     assert (out / "runs" / "fedavg-strong-s0" / "summary.json").exists()
     assert (out / "curves.png").exists()
+    assert "study cmp: 7/9 runs done | elapsed" in capsys.readouterr().out
 
 
 def test_table_only_tables_the_finished_runs_and_names_the_missing(tmp_path):
