@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcore import wire
+
 GCE_PREFIX = "gce."
 COV_PREFIX = "cov."
 MODULE_PREFIXES = (GCE_PREFIX, COV_PREFIX)
@@ -44,4 +46,4 @@ def initial_module_weights(dim: int, num_classes: int, seed: int) -> dict[str, n
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(np.random.SeedSequence([int(seed), 31]).generate_state(1)[0]))
         modules = GPFLModules(dim, num_classes)
-    return {k: v.detach().numpy().copy() for k, v in modules.state_dict().items()}
+    return {k: wire.to_host(v).copy() for k, v in modules.state_dict().items()}

@@ -211,7 +211,10 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     if engine == "inprocess":
         workers = max(1, int(spec.get("jobs", 1)))
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        from server_app.inprocess import pool_context
+
+        devices = [job_config(preset, e, s, out).get("device", "auto") for e, s in jobs]
+        with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context(*devices)) as pool:
             t0 = time.monotonic()
             futures = [pool.submit(_run_inprocess, job_config(preset, e, s, out), supernodes) for e, s in jobs]
             print(f"{len(jobs)} in-process runs on {workers} worker(s) ...", flush=True)
