@@ -223,6 +223,14 @@ def bavd_map_shapes(model: nn.Module, input_shape: tuple[int, ...]) -> list[tupl
 
 # ---------------------------------------------------------------- ResNets (CIFAR stem)
 
+class GlobalAvgPool(nn.Module):
+    """(B, C, H, W) -> (B, C), the mean over each map: AdaptiveAvgPool2d(1) + Flatten, bit for bit on
+    the CPU, but a plain reduction, whose CUDA backward is deterministic (adaptive pooling's adds atomically)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+
 class BasicBlock(nn.Module):
     """ResNet basic block: two 3x3 conv-BN, identity or 1x1 conv-BN shortcut, ReLU after the sum."""
 
@@ -263,7 +271,7 @@ class ResNetBody(nn.Module):
             stages.append(nn.Sequential(*layers))
             prev = width
         self.stages = nn.ModuleList(stages)
-        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.pool = GlobalAvgPool()
         self.out_dim = prev
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
