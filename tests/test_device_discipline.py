@@ -1,0 +1,58 @@
+"""The suite's device discipline (``--device`` / ``PFL_DEVICE``, tests/conftest.py): every test module
+that builds a model, a client or a run gets its device from the session, so ``make test-gpu`` runs
+the same tests on CUDA. A static check (the modules' syntax trees), so a new test module that builds
+its own CPU model or run config for a client fails here on a CPU machine, before a GPU ever sees it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+# calls that build a model, a client's environment or data, or a whole run
+BUILDERS = {"build_model", "seeded_model", "default_model", "ClientEnv", "load_client_data", "run_inprocess",
+            "run_experiment", "simulate", "run_all", "new_model", "model_from", "load_model"}
+# what carries the session's device: the fixture, the conftest helpers that put it into run configs
+CARRIERS = {"device", "small_config", "inprocess", "test_device", "run_inprocess"}
+
+
+def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(names called, names that carry the device: fixture parameters and imports from tests.conftest)."""
+    called, carried = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            carried |= {a.arg for a in node.args.args if a.arg in {"device", "inprocess"}}
+        elif isinstance(node, ast.ImportFrom) and node.module in ("tests.conftest", "conftest"):
+            carried |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Name) and node.id == "test_device":
+            carried.add(node.id)
+    return called, carried & CARRIERS
+
+
+def modules_without_the_device() -> dict[str, list[str]]:
+    """``{module: [builders it calls]}`` for every test module that builds without the session's device."""
+    out = {}
+    for path in sorted(TESTS.glob("test_*.py")):
+        called, carried = _names(ast.parse(path.read_text(), str(path)))
+        built = sorted(called & BUILDERS)
+        if built and not carried:
+            out[path.name] = built
+    return out
+
+
+def test_every_module_that_builds_a_model_or_run_takes_the_sessions_device():
+    missing = modules_without_the_device()
+    assert not missing, ("these test modules build a model, client or run without the session's device "
+                         "(take the `device` fixture or build run configs with tests.conftest.small_config): "
+                         + "; ".join(f"{name}: {', '.join(calls)}" for name, calls in missing.items()))
+
+
+def test_the_check_sees_a_module_that_builds_on_its_own(tmp_path):
+    own = ast.parse("from fedcore.models import build_model\n\ndef test_x():\n    build_model('dnn', (1, 8, 8), 10)\n")
+    called, carried = _names(own)
+    assert "build_model" in called and not carried
+    fixed = ast.parse("def test_x(device):\n    build_model('dnn', (1, 8, 8), 10).to(device)\n")
+    assert _names(fixed)[1] == {"device"}
