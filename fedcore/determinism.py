@@ -5,8 +5,10 @@ On CUDA, cuBLAS splits reductions by a workspace whose layout varies unless
 ``CUBLAS_WORKSPACE_CONFIG`` fixes it (read when cuBLAS first starts in a process, so it is set
 before any CUDA work), cuDNN picks convolution algorithms by timing them (``benchmark``) and some
 of them add in a varying order, and a few torch kernels use atomic adds. ``deterministic = true``
-fixes all three; ``false`` lets cuDNN benchmark and pick the fastest kernels, whose results may differ
-in the last digits from run to run. On the CPU, torch's kernels already repeat for a fixed thread
+fixes all three and keeps float32 convolutions and matrix products in full float32 (no TF32, which
+Ampere and later GPUs would otherwise use for cuDNN's convolutions: repeatable, but about 1e-3 apart
+from float32); ``false`` lets cuDNN benchmark and pick the fastest kernels and allows TF32, whose
+results may differ in the last digits from run to run. On the CPU, torch's kernels already repeat for a fixed thread
 count (``client-threads``), so torch's flags are left as they are there (nothing costs time on CPU).
 """
 
@@ -32,3 +34,5 @@ def apply(deterministic: bool, device: torch.device | str | None = None) -> None
     torch.use_deterministic_algorithms(bool(deterministic), warn_only=True)
     torch.backends.cudnn.deterministic = bool(deterministic)
     torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.allow_tf32 = not deterministic
+    torch.backends.cuda.matmul.allow_tf32 = not deterministic

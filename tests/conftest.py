@@ -115,6 +115,9 @@ def pytest_configure(config):
         if not torch.cuda.is_available():
             raise pytest.UsageError(f"--device cuda: CUDA is not available on this machine (torch {torch.__version__}); "
                                     "run the suite with --device cpu")
+        from fedcore import determinism
+
+        determinism.apply(True, "cuda")  # the tests' own computations too: deterministic kernels, no TF32
     config.addinivalue_line("markers", f"{SMOKE_MARK}: the deployment smoke of `make test-deploy-smoke` (root, "
                                        "docker, namespaces; minutes); runs only when -m names it")
 
