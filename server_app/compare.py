@@ -226,7 +226,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
             t0 = time.monotonic()
             result = simulate(job_config(preset, entry, seed, out), supernodes=supernodes, app_dir=app_dir,
                               cpus_per_client=spec.get("cpus-per-client", 1),
-                              gpus_per_client=spec.get("gpus-per-client", 0.0), stream=spec.get("stream", False))
+                              gpus_per_client=spec.get("gpus-per-client"), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
     for entry in rows_of:
         if entry.runs_of is not None:
