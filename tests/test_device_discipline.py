@@ -14,10 +14,18 @@ BUILDERS = {"build_model", "seeded_model", "default_model", "ClientEnv", "load_c
             "run_experiment", "simulate", "run_all", "new_model", "model_from", "load_model"}
 # what carries the session's device: the fixture, the conftest helpers that put it into run configs
 CARRIERS = {"device", "small_config", "inprocess", "test_device", "run_inprocess"}
+# modules that build on the CPU on purpose, and why (a new entry needs as good a reason)
+CPU_ON_PURPOSE = {
+    "test_launch.py": "its configs are refused before any process starts",
+    "test_deploy_smoke.py": "the deployment smoke (root, docker, namespaces) runs CPU SuperNodes",
+    "test_deployment_units.py": "partition loading for deployed nodes: data splits, no model",
+    "test_paper_settings.py": "parameter counts of the papers' models",
+}
 
 
 def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
-    """(names called, names that carry the device: fixture parameters and imports from tests.conftest)."""
+    """(names called, what carries the device: fixture parameters, imports from tests.conftest, and
+    ``tests.<module>`` for helpers imported from another test module, which must carry it itself)."""
     called, carried = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -26,20 +34,31 @@ def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             carried |= {a.arg for a in node.args.args if a.arg in {"device", "inprocess"}}
         elif isinstance(node, ast.ImportFrom) and node.module in ("tests.conftest", "conftest"):
-            carried |= {alias.asname or alias.name for alias in node.names}
+            carried |= {alias.asname or alias.name for alias in node.names} & CARRIERS
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.test_"):
+            carried.add(node.module)
         elif isinstance(node, ast.Name) and node.id == "test_device":
             carried.add(node.id)
-    return called, carried & CARRIERS
+    return called, carried
 
 
 def modules_without_the_device() -> dict[str, list[str]]:
-    """``{module: [builders it calls]}`` for every test module that builds without the session's device."""
+    """``{module: [builders it calls]}`` for every test module that builds without the session's device
+    (directly, or only through helpers of a test module that lacks it)."""
+    found = {path.name: _names(ast.parse(path.read_text(), str(path))) for path in sorted(TESTS.glob("test_*.py"))}
+
+    def carries(name: str, seen: frozenset = frozenset()) -> bool:
+        _, carried = found[name]
+        if carried & CARRIERS:
+            return True
+        helpers = {m.split(".", 1)[1] + ".py" for m in carried if m.startswith("tests.")} - seen
+        return any(h in found and carries(h, seen | {name}) for h in helpers)
+
     out = {}
-    for path in sorted(TESTS.glob("test_*.py")):
-        called, carried = _names(ast.parse(path.read_text(), str(path)))
+    for name, (called, _) in found.items():
         built = sorted(called & BUILDERS)
-        if built and not carried:
-            out[path.name] = built
+        if built and name not in CPU_ON_PURPOSE and not carries(name):
+            out[name] = built
     return out
 
 
@@ -56,3 +75,6 @@ def test_the_check_sees_a_module_that_builds_on_its_own(tmp_path):
     assert "build_model" in called and not carried
     fixed = ast.parse("def test_x(device):\n    build_model('dnn', (1, 8, 8), 10).to(device)\n")
     assert _names(fixed)[1] == {"device"}
+    helper = ast.parse("from tests.test_fedfcd import _client\n")
+    assert _names(helper)[1] == {"tests.test_fedfcd"}  # carries the device if tests/test_fedfcd.py does
+    assert all(name in {p.name for p in TESTS.glob("test_*.py")} for name in CPU_ON_PURPOSE)  # no stale entry
