@@ -242,7 +242,9 @@ class ClientEnv:
         state: dict[int, dict] = {}
         for key, value in arrays.items():
             idx, slot = key.split("/", 1)
-            state.setdefault(int(idx), {})[slot] = torch.as_tensor(value, device=self.device)
+            state.setdefault(int(idx), {})[slot] = torch.as_tensor(value)
+        # torch places each slot by its own rule: beside its parameter (on the client's GPU), except
+        # Adam-like step counts, which stay on the CPU unless the optimiser is capturable or fused
         optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
         return True
 

@@ -148,3 +148,30 @@ def test_a_spawned_worker_runs_an_in_process_run(tmp_path):
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         result = pool.submit(_run_inprocess, config, 2).result()
     assert result["status"] == "finished:completed", result["details"]
+
+
+def test_the_device_table_is_stamped_and_says_what_is_not_measured():
+    from benchmarks.device_rounds import NOT_MEASURED, stamp, table
+
+    info = stamp()
+    assert info["torch"] == torch.__version__ and info["commit"] and info["cpu"]
+    rows = [{"method": "fedavg", "clients": 10, "cpu": 0.5, "cuda": 0.25},
+            {"method": "mupfl", "clients": 100, "cpu": 2.0, "cuda": NOT_MEASURED}]
+    text = table(rows, "a setting", info)
+    assert f"Commit {info['commit']}, torch {torch.__version__}" in text
+    assert "| fedavg | 10 | 0.500 | 0.250 | 0.50 |" in text
+    assert f"| mupfl | 100 | 2.000 | {NOT_MEASURED} | - |" in text
+
+
+@pytest.mark.long
+def test_the_device_benchmark_runs_here(tmp_path):
+    """The benchmark itself, tiny (digits, 2 clients, 2 rounds, in process): the CPU column is measured, the
+    CUDA one only where CUDA is."""
+    from benchmarks.device_rounds import NOT_MEASURED, main as bench
+
+    assert bench(["--methods", "fedavg", "--clients", "2", "--rounds", "2", "--engine", "inprocess", "--dataset",
+                  "digits", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "results.json").read_text())["rows"][0]
+    assert isinstance(row["cpu"], float) and row["cpu"] > 0
+    assert (row["cuda"] == NOT_MEASURED) == NO_CUDA
+    assert "| fedavg | 2 |" in (tmp_path / "table.md").read_text()
