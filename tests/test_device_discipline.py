@@ -9,9 +9,12 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).parent
-# calls that build a model, a client's environment or data, or a whole run
-BUILDERS = {"build_model", "seeded_model", "default_model", "ClientEnv", "load_client_data", "run_inprocess",
-            "run_experiment", "simulate", "run_all", "new_model", "model_from", "load_model"}
+# calls that build a model, a client's environment or data, or a whole run; a module that makes one of the
+# DIRECT ones itself must carry the device itself, one that only calls a client's helpers (new_model, ...) may
+# get its clients from another test module's helpers that carry it
+DIRECT = {"build_model", "seeded_model", "default_model", "ClientEnv", "load_client_data", "run_experiment",
+          "simulate", "run_all"}
+BUILDERS = DIRECT | {"run_inprocess", "new_model", "model_from", "load_model"}
 # what carries the session's device: the fixture, the conftest helpers that put it into run configs
 CARRIERS = {"device", "small_config", "inprocess", "test_device", "run_inprocess"}
 # modules that build on the CPU on purpose, and why (a new entry needs as good a reason)
@@ -42,15 +45,35 @@ def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
     return called, carried
 
 
+CLIENT_BUILDERS = {"ClientEnv", "load_client_data"}  # a client picks its device from the run config it is given
+
+
+def clients_without_the_device(tree: ast.AST) -> list[str]:
+    """Functions that build a client (``ClientEnv``, ``load_client_data``) from a config or device of their
+    own: each must name the session's device in its body (``small_config``, ``test_device``, ``device``)."""
+    out = []
+    for node in tree.body:  # nested functions are part of the function around them
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        calls = {(n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", ""))
+                 for n in ast.walk(node) if isinstance(n, ast.Call)}
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {a.arg for a in node.args.args}
+        if calls & CLIENT_BUILDERS and not names & {"small_config", "test_device", "device", "_cfg"}:
+            out.append(node.name)
+    return out
+
+
 def modules_without_the_device() -> dict[str, list[str]]:
     """``{module: [builders it calls]}`` for every test module that builds without the session's device
     (directly, or only through helpers of a test module that lacks it)."""
     found = {path.name: _names(ast.parse(path.read_text(), str(path))) for path in sorted(TESTS.glob("test_*.py"))}
 
     def carries(name: str, seen: frozenset = frozenset()) -> bool:
-        _, carried = found[name]
+        called, carried = found[name]
         if carried & CARRIERS:
             return True
+        if called & DIRECT:
+            return False
         helpers = {m.split(".", 1)[1] + ".py" for m in carried if m.startswith("tests.")} - seen
         return any(h in found and carries(h, seen | {name}) for h in helpers)
 
@@ -59,6 +82,10 @@ def modules_without_the_device() -> dict[str, list[str]]:
         built = sorted(called & BUILDERS)
         if built and name not in CPU_ON_PURPOSE and not carries(name):
             out[name] = built
+        elif name not in CPU_ON_PURPOSE:
+            own = clients_without_the_device(ast.parse((TESTS / name).read_text(), name))
+            if own:
+                out[name] = [f"{f}() builds a client without it" for f in own]
     return out
 
 
