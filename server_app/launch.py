@@ -109,6 +109,11 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
     if gpus_per_client is None:
         gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
+    elif gpus_per_client <= 0 and str(cfg["device"]).startswith("cuda"):
+        from fedcore.config import ConfigError
+
+        raise ConfigError(f"'device' = {cfg['device']!r} needs a GPU share per client (--gpus-per-client > 0, or "
+                          "leave it out): Ray hides the GPUs from a simulated client without one")
     federation = (f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client} "
                   f"client-resources-num-gpus={gpus_per_client}")
     home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))

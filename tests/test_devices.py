@@ -59,6 +59,8 @@ def test_a_gpu_the_machine_lacks_is_refused_at_start(tmp_path, one_gpu, capsys):
     assert not (tmp_path / "home").exists()
     assert main(["--run-config", "device='cuda:7'"]) == 2
     assert "1 GPU(s)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="needs a GPU share per client"):  # Ray would hide the GPU
+        simulate({"device": "cuda"}, supernodes=2, app_dir=ROOT_DIR, gpus_per_client=0.0, flwr_home=tmp_path / "h")
 
 
 @pytest.mark.parametrize("value", ["gpu", "cuda:", "cuda:x", "cuda7", "CUDA"])
