@@ -127,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="simspeed-") as tmp:
         for method in args.methods.split(","):
-            cfg = {**config, "method": method}
+            cfg = {**config, "method": method, "device": "cpu"}
             seq = {"method": method, "engine": "sequential, 1 thread", **run_sequential(cfg, args.clients, Path(tmp))}
             runs = [seq, _against(seq, f"flwr run, {os.cpu_count()} cores", run_flwr(cfg, args.clients, Path(tmp)))]
             if gpus > 0:
-                runs.append(_against(seq, f"flwr run, GPU share {gpus:.2f}", run_flwr(cfg, args.clients, Path(tmp), gpus)))
+                runs.append(_against(seq, f"flwr run, GPU share {gpus:.2f}",
+                                     run_flwr({**cfg, "device": "cuda"}, args.clients, Path(tmp), gpus)))
             for r in runs:
                 print(f"{method:>9} {r['engine']:>24}: round {r['round_s']:.3f} s, run {r['run_s']:.1f} s, "
                       f"start-up {r['startup_s']}, round 1 {r['first_round_s']:.2f} s", flush=True)

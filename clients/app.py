@@ -4,15 +4,18 @@ Every reply carries the client's ``partition-id`` (node ids are random per run),
 ``num-examples`` and the round its client state comes from. Before a method sees a message,
 torch's, numpy's and Python's global generators are seeded from (seed, partition id, round,
 phase), so dropout and any other random operation repeat exactly under Ray and in deployment.
-A client that raises produces an error reply, which the server logs and drops.
+A client that raises produces an error reply, which the server logs and drops; one whose GPU runs
+out of memory frees the memory it held and says so in that reply (the run goes on without it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from functools import lru_cache
 
 import numpy as np
+import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -77,6 +80,20 @@ def _client(env: ClientEnv):
     return get_method(env.cfg.method).client(env)
 
 
+@contextlib.contextmanager
+def _device_memory(env: ClientEnv, phase: str):
+    """Turn a GPU's out-of-memory error into a plain error with who, where and when: the reply is
+    dropped with that reason, and the memory the failed step held goes back to the device, so the
+    next message this process serves (another client's, under Ray) does not fail as well."""
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        if env.device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise RuntimeError(f"client {env.pid} ran out of memory on {env.device} in round {env.server_round} "
+                           f"({phase}): {str(err).splitlines()[0] if str(err) else 'OutOfMemoryError'}") from None
+
+
 @app.query("handshake")
 def handshake(msg: Message, context: Context) -> Message:
     """Tell the server who we are and what data we hold (sizes, label counts, input shape)."""
@@ -99,7 +116,8 @@ def handshake(msg: Message, context: Context) -> Message:
 def prepare(msg: Message, context: Context) -> Message:
     """Round 0: what the method's strategy asks of every client before training starts."""
     env = _env(msg, context, "prepare")
-    records, metrics = _client(env).prepare(msg.content)
+    with _device_memory(env, "prepare"):
+        records, metrics = _client(env).prepare(msg.content)
     return _reply(msg, env, records, {**metrics, wire.NUM_EXAMPLES: env.data.num_train})
 
 
@@ -108,14 +126,16 @@ def train(msg: Message, context: Context) -> Message:
     env = _env(msg, context, "train")
     fault = faults.fault_for(env.cfg, env.pid, env.num_clients, env.server_round)
     faults.before(fault, env.cfg)
-    records, metrics = _client(env).fit(msg.content)
+    with _device_memory(env, "train"):
+        records, metrics = _client(env).fit(msg.content)
     return _reply(msg, env, records, {**metrics, wire.NUM_EXAMPLES: env.data.num_train}, fault)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     env = _env(msg, context, "evaluate")
-    result, val = _client(env).evaluate_splits(msg.content)
+    with _device_memory(env, "evaluate"):
+        result, val = _client(env).evaluate_splits(msg.content)
     extra = {wire.METHOD_METRIC_PREFIX + k: float(v) for k, v in result.metrics.items()}
     if val is not None:  # the same model on the client's validation split
         extra.update({wire.VAL_METHOD_METRIC_PREFIX + k: float(v) for k, v in val.metrics.items()})

@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from clients import partition_cache
 from clients.training import (LossFn, StepCallback, class_means, crop_flip, cross_entropy, extract_features,
                               train_loop)
-from fedcore import wire
+from fedcore import determinism, wire
 from fedcore.config import Config
 from fedcore.models import SplitModel, pick_device, seeded_model
 from partitions import build_splits, load_dataset
@@ -68,7 +68,7 @@ class ClientData:
         """The same client with its validation split in the place of its test split: what a method's
         ``evaluate``, which scores ``x_test``/``y_test``, sees when the base scores validation."""
         return dataclasses.replace(self, x_test=self.x_val, y_test=self.y_val, test_label_counts=np.bincount(
-            self.y_val.cpu().numpy(), minlength=self.num_classes))
+            wire.to_host(self.y_val), minlength=self.num_classes))
 
 
 def _frozen(d: dict) -> tuple:
@@ -165,6 +165,7 @@ class ClientEnv:
         self.server_round = server_round
         self.config = dict(config or {wire.SERVER_ROUND: server_round})
         self.device = pick_device(cfg["device"])
+        determinism.apply(cfg["deterministic"], self.device)  # before this process's first CUDA work
         self.data = load_client_data(cfg, pid, num_clients, self.device)
         meta = state.config_records.get(META)
         self.state_round = int(meta[wire.STATE_ROUND]) if meta is not None and wire.STATE_ROUND in meta else 0
@@ -241,7 +242,9 @@ class ClientEnv:
         state: dict[int, dict] = {}
         for key, value in arrays.items():
             idx, slot = key.split("/", 1)
-            state.setdefault(int(idx), {})[slot] = torch.as_tensor(value, device=self.device)
+            state.setdefault(int(idx), {})[slot] = torch.as_tensor(value)
+        # torch places each slot by its own rule: beside its parameter (on the client's GPU), except
+        # Adam-like step counts, which stay on the CPU unless the optimiser is capturable or fused
         optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
         return True
 
@@ -377,8 +380,7 @@ class ClientMethod:
         counts, as the ``wire.CLASS_FEATURES`` record."""
         ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
                                          self.data.num_classes)
-        return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
-                                                             counts.cpu().numpy())}
+        return {wire.CLASS_FEATURES: wire.pack_class_features(*map(wire.to_host, (ids, means, counts)))}
 
     # --- helpers shared by the weight-exchanging methods
     def model_from(self, content: RecordDict, record: str) -> SplitModel:

@@ -18,7 +18,7 @@ class CReFFClient(ClientMethod):
     def class_gradients(self, model, content) -> tuple[torch.Tensor, torch.Tensor]:
         """z_i^k at the received body (eval mode) and the re-trained classifier, in closed form."""
         head = wire.unpack_arrays(content[RETRAINED_HEAD])
-        weight, bias = (torch.tensor(head[HEAD_PREFIX + k], device=self.env.device) for k in ("weight", "bias"))
+        weight, bias = (wire.to_device(head[HEAD_PREFIX + k], self.env.device) for k in ("weight", "bias"))
         x, y = sample_per_class(self.data, self.hp["samples-per-class"], self.env.generator(SAMPLE_TAG))
         model.eval()
         with torch.no_grad():

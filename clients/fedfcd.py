@@ -69,10 +69,10 @@ class FedFCDClient(ClientMethod):
         has = torch.zeros(c, device=dev)
         if wire.CLASS_FEATURES in content.array_records:  # train messages; evaluation needs only phi_g
             ids, feats, _ = wire.unpack_class_features(content.array_records[wire.CLASS_FEATURES])
-            ids = torch.tensor(ids, device=dev)  # copies of read-only views
-            gfr[ids] = torch.tensor(feats, device=dev)
+            ids = wire.to_device(ids, dev)  # copies of read-only views
+            gfr[ids] = wire.to_device(feats, dev)
             has[ids] = 1.0
-        return GlobalKnowledge(torch.tensor(head["weight"], device=dev), torch.tensor(head["bias"], device=dev),
+        return GlobalKnowledge(wire.to_device(head["weight"], dev), wire.to_device(head["bias"], dev),
                                gfr, has)
 
     # ------------------------------------------------------------ the two objectives
@@ -169,8 +169,7 @@ class FedFCDClient(ClientMethod):
         """Per-class mean features of the whole training set (Eq. 3), eval mode, no grad, with counts."""
         ids, means, counts = class_means(extract_features(model, self.data.x_train), self.data.y_train,
                                          self.data.num_classes)
-        return {wire.CLASS_FEATURES: wire.pack_class_features(ids.cpu().numpy(), means.cpu().numpy(),
-                                                             counts.cpu().numpy())}
+        return {wire.CLASS_FEATURES: wire.pack_class_features(*map(wire.to_host, (ids, means, counts)))}
 
     def prepare(self, content):
         """Round 0: the LFRs of the untrained extractor theta_i(0), the seeded initial one."""

@@ -22,7 +22,7 @@ class FedProtoClient(ClientMethod):
         if len(ids) == 0:
             return None
         dev = self.env.device
-        return torch.tensor(ids, device=dev), torch.tensor(feats, device=dev)  # copies of read-only views
+        return wire.to_device(ids, dev), wire.to_device(feats, dev)  # copies of read-only views
 
     def fit(self, content):
         model = self.load_model()

@@ -44,7 +44,7 @@ def subspace_basis(features: torch.Tensor, k: int, center: bool = False) -> np.n
     basis = vh[:k].T
     sign = torch.sign(basis[basis.abs().argmax(dim=0), torch.arange(k)])
     sign[sign == 0] = 1.0
-    return (basis * sign).numpy().astype(np.float32)
+    return wire.to_host(basis * sign).astype(np.float32)
 
 
 def regulariser(mode: str, lam: float, reference: torch.Tensor) -> Callable[[nn.Module], torch.Tensor]:

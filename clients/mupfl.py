@@ -66,7 +66,7 @@ class BAVD:
         if saved is None:
             maps = [torch.zeros(shape, device=env.device) for shape in shapes]
         else:
-            maps = [torch.tensor(saved[str(i)], device=env.device) for i in range(len(shapes))]
+            maps = [wire.to_device(saved[str(i)], env.device) for i in range(len(shapes))]
         counters = env.load_scalars(BAVD_COUNTERS) or {"steps": 0, "previous-loss": 0.0}
         return cls(model, maps, int(counters["steps"]), float(counters["previous-loss"]), psi_sign)
 
@@ -121,7 +121,7 @@ class MuPFLClient(ClientMethod):
         """Eq. 21: tau epochs of SGD on the classifier alone over (H, y_H); the extractor is never
         touched (only the head's parameters are in the optimiser, and H never enters the body)."""
         features = wire.unpack_arrays(content[FEATURES])[wire.FEATURES]
-        H = torch.tensor(features, device=self.env.device)  # a copy of the read-only view
+        H = wire.to_device(features, self.env.device)  # a copy of the read-only view
         labels = cg.synthetic_labels(self.data.num_classes, self.hp["features-per-class"], self.env.device)
         if len(H) != len(labels):
             raise ValueError(f"federated features have {len(H)} rows, expected {len(labels)}")

@@ -29,7 +29,7 @@ def personal_solve(theta: Sequence[torch.Tensor], w: Sequence[torch.Tensor], gra
     """K gradient steps on f(theta; batch) + lam/2 ||theta - w||^2 from ``theta``; returns theta and the
     data loss at its last step."""
     theta = list(theta)
-    loss = torch.zeros(())
+    loss = torch.zeros((), device=theta[0].device if theta else None)
     for _ in range(k):
         g, loss = grad_at(theta, batch)
         theta = [t - lr * (gi + lam * (t - wi)) for t, gi, wi in zip(theta, g, w)]

@@ -159,7 +159,7 @@ class PFedPMClient(ClientMethod):
         if arrays is None:
             return None
         dev = self.env.device
-        return torch.as_tensor(arrays[wire.CLASS_IDS], device=dev), torch.as_tensor(arrays[wire.FEATURES], device=dev)
+        return wire.to_device(arrays[wire.CLASS_IDS], dev), wire.to_device(arrays[wire.FEATURES], dev)
 
     def _store(self, name: str, ids: torch.Tensor, feats: torch.Tensor) -> None:
         self.env.save_arrays(name, {wire.CLASS_IDS: ids.to(torch.int64), wire.FEATURES: feats.to(torch.float32)})
@@ -169,8 +169,8 @@ class PFedPMClient(ClientMethod):
         if not self.env.config[HAS_GLOBAL]:
             return None
         arrays = wire.unpack_arrays(content.array_records[GLOBAL_FEATURES])
-        dev = self.env.device  # torch.tensor copies the read-only views
-        return torch.tensor(arrays[wire.CLASS_IDS], device=dev), torch.tensor(arrays[wire.FEATURES], device=dev)
+        dev = self.env.device  # to_device copies the read-only views
+        return wire.to_device(arrays[wire.CLASS_IDS], dev), wire.to_device(arrays[wire.FEATURES], dev)
 
     # ------------------------------------------------------------------ the two steps
     def body_head_loss(self, table: torch.Tensor | None, reg_log: list):
@@ -244,7 +244,7 @@ class PFedPMClient(ClientMethod):
             wire.METHOD_METRIC_PREFIX + RELATION_LOSS: float(torch.stack(relation_log).mean()) if relation_log else 0.0,
             wire.METHOD_METRIC_PREFIX + FEATURE_REG: float(torch.stack(reg_log).mean()) if reg_log else 0.0,
         }
-        upload = wire.pack_class_features(local_ids.cpu().numpy(), local.cpu().numpy(), counts.cpu().numpy())
+        upload = wire.pack_class_features(*map(wire.to_host, (local_ids, local, counts)))
         return {wire.CLASS_FEATURES: upload}, metrics
 
     def evaluate(self, content):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcore import wire
 from fedcore.methods.gpfl import COV_PREFIX, GCE_PREFIX, MODULE_PREFIXES  # noqa: F401  (GPFL's declaration)
 
 
@@ -42,4 +43,4 @@ def initial_module_weights(dim: int, num_classes: int, seed: int) -> dict[str, n
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(np.random.SeedSequence([int(seed), 31]).generate_state(1)[0]))
         modules = GPFLModules(dim, num_classes)
-    return {k: v.detach().numpy().copy() for k, v in modules.state_dict().items()}
+    return {k: wire.to_host(v).copy() for k, v in modules.state_dict().items()}

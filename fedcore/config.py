@@ -9,6 +9,7 @@ trains. Building the schema imports those plain modules only: no torch, no Flowe
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ class Key:
     low_open: bool = False  # the lower bound itself is not allowed
     high_open: bool = False  # the upper bound itself is not allowed
     kind: str = ""  # the value's type ("int", "float", "bool") where the default is "auto" and so cannot fix it
+    pattern: str = ""  # a string value must match this regular expression in full
+    pattern_help: str = ""  # what the pattern allows, in words
 
     def check(self, name: str, value: Any) -> Any:
         """Return ``value`` coerced to this key's type, or raise ``ConfigError``."""
@@ -61,6 +64,8 @@ class Key:
         elif kind is str:
             if not isinstance(value, str):
                 raise ConfigError(f"'{name}' must be a string, got {value!r}")
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            raise ConfigError(f"'{name}' = {value!r} is not valid; use {self.pattern_help or self.pattern}")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(
                 f"'{name}' = {value!r} is not valid; choose one of: {', '.join(map(str, self.choices))}"
@@ -122,7 +127,13 @@ def _common_keys() -> dict[str, Key]:
         "client-state-dir": Key("", "where clients keep their state between rounds on disk; "
                                 "empty = results-dir/run-name/client-state (a node's state-dir node config wins)"),
         "data-dir": Key("", "cache for downloadable datasets; empty = ~/.cache/pfl-flower"),
-        "device": Key("auto", "torch device for clients", choices=("auto", "cpu", "cuda")),
+        "device": Key("auto", "torch device for clients: auto (CUDA where present, else the CPU), cpu, cuda or cuda:N "
+                      "(GPU N); a CUDA device the machine lacks stops the run at start", pattern=r"auto|cpu|cuda(:[0-9]+)?",
+                      pattern_help="'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        "deterministic": Key(True, "deterministic kernels where the device has a choice (CUDA: "
+                             "torch.use_deterministic_algorithms, cuDNN deterministic and not benchmarking, "
+                             "CUBLAS_WORKSPACE_CONFIG), so that a run and its resume repeat bit for bit; false: the "
+                             "fastest kernels, which may differ in the last digits between runs (docs/configuration.md)"),
         "client-threads": Key(0, "torch threads per client process; 0 = OMP_NUM_THREADS, else all cores", low=0),
         "round-timeout": Key(3600, "seconds to wait for one round's replies", low=1),
         "node-wait-s": Key(60, "seconds to wait for all SuperNodes to connect at start", low=0),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcore import wire
 
 BODY_PREFIX = "body."  # state-dict keys of the feature extractor
 HEAD_PREFIX = "head."  # state-dict keys of the linear classifier
@@ -80,8 +82,9 @@ def _flat_dim(module: nn.Module, input_shape: tuple[int, ...]) -> int:
     """Output size of `module` for one sample, found by a dummy forward (any input size works)."""
     was_training = module.training
     module.eval()  # BatchNorm must not update running stats on the dummy batch
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))  # a model already on its GPU
     with torch.no_grad():
-        out = module(torch.zeros(1, *input_shape))
+        out = module(torch.zeros(1, *input_shape, device=device))
     module.train(was_training)
     return int(out.reshape(1, -1).shape[1])
 
@@ -220,6 +223,14 @@ def bavd_map_shapes(model: nn.Module, input_shape: tuple[int, ...]) -> list[tupl
 
 # ---------------------------------------------------------------- ResNets (CIFAR stem)
 
+class GlobalAvgPool(nn.Module):
+    """(B, C, H, W) -> (B, C), the mean over each map: AdaptiveAvgPool2d(1) + Flatten, bit for bit on
+    the CPU, but a plain reduction, whose CUDA backward is deterministic (adaptive pooling's adds atomically)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+
 class BasicBlock(nn.Module):
     """ResNet basic block: two 3x3 conv-BN, identity or 1x1 conv-BN shortcut, ReLU after the sum."""
 
@@ -260,7 +271,7 @@ class ResNetBody(nn.Module):
             stages.append(nn.Sequential(*layers))
             prev = width
         self.stages = nn.ModuleList(stages)
-        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.pool = GlobalAvgPool()
         self.out_dim = prev
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -405,17 +416,24 @@ def default_model(input_shape: tuple[int, ...]) -> str:
 
 
 def pick_device(preference: str = "auto") -> torch.device:
-    """"auto": cuda when available else cpu; "cpu"; "cuda"/"cuda:N" (error if CUDA is missing)."""
+    """"auto": cuda when available else cpu; "cpu"; "cuda"/"cuda:N" (error if CUDA is missing or
+    the machine has no GPU N: a clear message at start, not a failure inside the first round)."""
     pref = (preference or "auto").lower()
     if pref == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if pref == "cpu":
         return torch.device("cpu")
-    if pref.startswith("cuda"):
+    if re.fullmatch(r"cuda(:[0-9]+)?", pref):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device '{preference}' requested but CUDA is not available")
+            raise RuntimeError(f"device '{preference}' requested but CUDA is not available on this machine "
+                               f"(torch {torch.__version__}); use device='cpu' or 'auto'")
+        index = int(pref.split(":")[1]) if ":" in pref else 0
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise RuntimeError(f"device '{preference}' requested but this machine has {count} GPU(s) "
+                               f"(cuda:0 to cuda:{count - 1}); use device='cuda' or one of those")
         return torch.device(pref)
-    raise ValueError(f"unknown device preference '{preference}'; use 'auto', 'cpu' or 'cuda'")
+    raise ValueError(f"unknown device preference '{preference}'; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
 
 # ---------------------------------------------------------------- what both sides agree on
@@ -471,7 +489,7 @@ def seeded_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed
 
 def model_facts(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> ModelFacts:
     model = seeded_model(name, input_shape, num_classes, seed)
-    weights = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    weights = {k: wire.to_host(v) for k, v in model.state_dict().items()}
     return ModelFacts(resolve_model_name(name, input_shape), tuple(int(s) for s in input_shape), int(num_classes),
                       model.feature_dim, weights)
 

@@ -88,6 +88,26 @@ _PACKED_MAGIC = b"PFLPACK1"
 _PACKED_ALIGN = 64  # every array starts at a multiple of this: views are aligned for any dtype
 
 
+def to_host(value) -> np.ndarray:
+    """A tensor (on any device, with or without grad) or array-like as a numpy array in host memory.
+
+    The one way from a device to numpy or the wire: ``Tensor.numpy()`` refuses CUDA tensors and
+    tensors that require grad, so every conversion that may meet one goes through here."""
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def to_device(value, device, dtype=None) -> torch.Tensor:
+    """A writable tensor on ``device`` from a numpy array (a read-only wire view is copied, never
+    aliased) or a tensor on another device: the way back from the wire to a client's device."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype)
+    return torch.tensor(np.asarray(value), device=device, dtype=dtype)
+
+
 def pack_arrays(arrays: Mapping[str, object], compact: bool = False) -> ArrayRecord:
     """Numpy arrays or torch tensors by name -> ArrayRecord (torch tensors are detached to CPU).
 
@@ -106,9 +126,7 @@ def pack_arrays(arrays: Mapping[str, object], compact: bool = False) -> ArrayRec
     """
     values = {}
     for key, value in arrays.items():
-        if hasattr(value, "detach"):
-            value = value.detach().cpu().numpy()
-        value = np.asarray(value, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
+        value = np.asarray(to_host(value), order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
         if value.dtype.kind not in "biufc":
             raise ValueError(f"{key}: only numeric arrays can be sent, not {value.dtype}")
         values[str(key)] = value.astype(value.dtype.newbyteorder("<"), copy=False)
@@ -252,14 +270,19 @@ def unpack_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {key: array_view(record[key]) for key in record.keys()}
 
 
-def torch_arrays(record: ArrayRecord) -> dict[str, torch.Tensor]:
-    """ArrayRecord -> ``{name: writable CPU tensor}``, for ``load_state_dict``: one copy of the
-    packed bytes that every tensor views, where Flower's ``to_torch_state_dict`` copies per array."""
+def torch_arrays(record: ArrayRecord, device=None) -> dict[str, torch.Tensor]:
+    """ArrayRecord -> ``{name: writable tensor}``, for ``load_state_dict``: one copy of the packed
+    bytes that every CPU tensor views, where Flower's ``to_torch_state_dict`` copies per array;
+    ``device`` (a client's GPU) moves them there, one host-to-device copy per tensor."""
     import torch
 
     if _is_packed(record):
-        return {k: torch.from_numpy(v) for k, v in _packed_views(bytearray(record[PACKED_KEY].data)).items()}
-    return {k: torch.from_numpy(np.array(v)) for k, v in unpack_arrays(record).items()}
+        tensors = {k: torch.from_numpy(v) for k, v in _packed_views(bytearray(record[PACKED_KEY].data)).items()}
+    else:
+        tensors = {k: torch.from_numpy(np.array(v)) for k, v in unpack_arrays(record).items()}
+    if device is not None and torch.device(device).type != "cpu":
+        tensors = {k: v.to(device) for k, v in tensors.items()}
+    return tensors
 
 
 def pack_class_features(class_ids: np.ndarray, features: np.ndarray, counts: np.ndarray) -> ArrayRecord:

@@ -66,7 +66,11 @@ def gram_embedding(similarity: np.ndarray) -> np.ndarray:
     sym = 0.5 * (similarity + similarity.T)
     vals, vecs = np.linalg.eigh(sym)
     keep = vals > vals.max(initial=0.0) * 1e-12
-    return vecs[:, keep] * np.sqrt(vals[keep])
+    points = vecs[:, keep] * np.sqrt(vals[keep])
+    # clients with identical rows are one point: LAPACK builds may round their coordinates apart in the
+    # last bit, and k-means would then split identical clients on one machine and not on another
+    _, first, inverse = np.unique(sym, axis=0, return_index=True, return_inverse=True)
+    return points[first][inverse.reshape(-1)]
 
 
 def dissimilarity(similarity: np.ndarray) -> np.ndarray:

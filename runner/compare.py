@@ -245,7 +245,10 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     if engine == "inprocess":
         workers = max(1, int(spec.get("jobs", 1)))
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        from runner.inprocess import pool_context
+
+        devices = [job_config(preset, e, s, out).get("device", "auto") for e, s in jobs]
+        with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context(*devices)) as pool:
             t0 = time.monotonic()
             futures = [pool.submit(_run_inprocess, job_config(preset, e, s, out), supernodes) for e, s in jobs]
             print(f"{len(jobs)} in-process runs on {workers} worker(s) ...", flush=True)
@@ -257,7 +260,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
             t0 = time.monotonic()
             result = simulate(job_config(preset, entry, seed, out), supernodes=supernodes, app_dir=app_dir,
                               cpus_per_client=spec.get("cpus-per-client", 1),
-                              gpus_per_client=spec.get("gpus-per-client", 0.0), stream=spec.get("stream", False))
+                              gpus_per_client=spec.get("gpus-per-client"), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
     preset.setdefault("made", {}).setdefault("command", "server_app.compare.run_all (called from Python)")
     preset["made"].update({"commit": code["commit"], "source_hash": code["source_hash"],

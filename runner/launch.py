@@ -104,15 +104,23 @@ class LocalSimulationLink:
 
 
 def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = Path("."),
-             cpus_per_client: int = 1, gpus_per_client: float = 0.0, stream: bool = True,
+             cpus_per_client: int = 1, gpus_per_client: float | None = None, stream: bool = True,
              timeout: float = 7200, flwr_home: Path | None = None, started: float | None = None,
              runtime: str = "fast") -> dict:
     """Run one simulation; returns {"status", "details", "summary" (or None), "results_dir", "run_id",
-    "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts. ``runtime``:
-    "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower as shipped)."""
+    "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts, a CUDA
+    device this machine lacks included. ``gpus_per_client`` None: the run's device decides (``gpu_share``).
+    ``runtime``: "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower as shipped)."""
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
+    if gpus_per_client is None:
+        gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
+    elif gpus_per_client <= 0 and str(cfg["device"]).startswith("cuda"):
+        from fedcore.config import ConfigError
+
+        raise ConfigError(f"'device' = {cfg['device']!r} needs a GPU share per client (--gpus-per-client > 0, or "
+                          "leave it out): Ray hides the GPUs from a simulated client without one")
     federation = (f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client} "
                   f"client-resources-num-gpus={gpus_per_client}")
     home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
@@ -186,6 +194,23 @@ def auto_gpu_share(supernodes: int, cpus_per_client: int) -> float:
     return min(1.0, gpus / concurrent)
 
 
+def gpu_share(device: str, supernodes: int, cpus_per_client: int) -> float:
+    """Each simulated client's GPU share for a run on ``device``: none on the CPU; else the GPUs shared by
+    the clients that run at once (Ray hides the GPUs from a client with no share, so a CUDA run needs
+    one). ``cuda``/``cuda:N`` on a machine without that GPU is a ConfigError here, at start."""
+    if device == "cpu":
+        return 0.0
+    if device.startswith("cuda"):
+        from fedcore.config import ConfigError
+        from fedcore.models import pick_device
+
+        try:
+            pick_device(device)
+        except RuntimeError as err:
+            raise ConfigError(f"'device': {err}") from None
+    return auto_gpu_share(supernodes, cpus_per_client)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--supernodes", type=int, default=10, help="number of simulated clients")
@@ -193,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus-per-client", type=int, default=1)
     parser.add_argument("--gpus-per-client", type=float, default=-1.0,
                         help="GPU share per simulated client; default: the GPUs shared by as many clients as run "
-                             "at once (0 without a GPU)")
+                             "at once (0 without a GPU or with device='cpu')")
     parser.add_argument("--app", default=".", help="the Flower App directory")
     parser.add_argument("--runtime", choices=(flower_patches.FAST, flower_patches.STOCK), default=flower_patches.FAST,
                         help="fast: the ServerApp wakes Flower's simulation engine after each push "
@@ -204,11 +229,10 @@ def main(argv: list[str] | None = None) -> int:
 
     fc.stop_on_signals()
     overrides = fc.parse_overrides(args.run_config)
-    if args.gpus_per_client < 0:
-        args.gpus_per_client = auto_gpu_share(args.supernodes, args.cpus_per_client)
     try:
         result = simulate(overrides, supernodes=args.supernodes, app_dir=Path(args.app),
-                          cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                          cpus_per_client=args.cpus_per_client,
+                          gpus_per_client=None if args.gpus_per_client < 0 else args.gpus_per_client,
                           started=COMMAND_T0, runtime=args.runtime)
     except (ConfigError, RunFolderError) as err:
         print(f"configuration error: {err}", file=sys.stderr)

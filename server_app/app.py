@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedcore import wire
+from fedcore import determinism, wire
 from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import get_method
@@ -121,6 +121,7 @@ def _check_same_clients(clients: dict[int, ClientInfo], saved: dict[int, ClientI
 def run_experiment(grid: Grid, cfg: Config) -> dict:
     """Run one federated experiment end to end (or continue one with ``resume``) and return its summary."""
     t0, t0_is = _started_at()
+    determinism.apply(cfg["deterministic"])  # the server's own torch work, on CUDA where the machine has it
     method = get_method(cfg.method)
     log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s", cfg.method, cfg["dataset"],
         cfg["partition"], cfg["num-server-rounds"], cfg["seed"])

@@ -1,4 +1,12 @@
-"""Shared fixtures: Flower env vars, a small run config, and an in-process federation runner."""
+"""Shared fixtures: Flower env vars, the device the suite runs on, a small run config, and an in-process
+federation runner.
+
+The device: ``pytest --device cpu|cuda`` (default cpu), else the environment's ``PFL_DEVICE``. Every
+run config from ``small_config`` carries it, and tests build their own tensors and models on it
+through the ``device`` fixture, so the same suite checks the CPU path (``make test``) and the CUDA
+path (``make test-gpu``). tests/test_device_discipline.py lists any test module that builds a
+model or a client without going through one of these.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,34 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # one torch thread per test process: pytest-xdist runs two workers on two cores, and one thread gives
 # the same float sums whatever the machine's core count
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+DEVICE_ENV = "PFL_DEVICE"
+DEVICES = ("cpu", "cuda")
+
+
+def test_device() -> str:
+    """The device this test session runs on ("cpu" or "cuda"; ``--device`` sets it for the session and
+    its workers and subprocesses through ``PFL_DEVICE``)."""
+    return os.environ.get(DEVICE_ENV, "cpu") or "cpu"
+
+
+test_device.__test__ = False  # a helper, not a test
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", choices=DEVICES, default=None,
+                     help=f"torch device of every test's run config, models and tensors (default: ${DEVICE_ENV}, "
+                          "else cpu)")
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The session's torch device: build test tensors and models on it (``torch.zeros(..., device=device)``,
+    ``model.to(device)``), as the clients under test hold theirs there."""
+    import torch
+
+    return torch.device(test_device())
+
 
 # MuPFL's paper setting pre-trains the head for 50 epochs on 100 synthetic features per class (19,000
 # steps a round at batch 16, 90% of a 3-client round here): tests that do not ask for more use a
@@ -30,6 +66,7 @@ def small_config(tmp_path, **overrides) -> dict:
         "node-wait-s": 0, "seed": 0, "client-threads": 1, "plots": False,  # plots were a third of a run
         # the tests' own budget, not each method's paper setting (tests/test_paper_settings.py checks those)
         "local-steps": 0, "momentum": 0.0, "weight-decay": 0.0, "fraction-train": 1.0,
+        "device": test_device(), "deterministic": True,
     }
     config.update({"mupfl": SMALL_MUPFL, "creff": SMALL_CREFF}.get(overrides.get("method"), {}))
     config.update(overrides)
@@ -68,6 +105,19 @@ SMOKE_MARK = "smoke_deploy"
 
 
 def pytest_configure(config):
+    chosen = config.getoption("--device") or os.environ.get(DEVICE_ENV) or "cpu"
+    if chosen not in DEVICES:
+        raise pytest.UsageError(f"{DEVICE_ENV}={chosen!r}: use one of {', '.join(DEVICES)}")
+    os.environ[DEVICE_ENV] = chosen  # xdist workers and the runs tests start in subprocesses read it
+    if chosen == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"--device cuda: CUDA is not available on this machine (torch {torch.__version__}); "
+                                    "run the suite with --device cpu")
+        from fedcore import determinism
+
+        determinism.apply(True, "cuda")  # the tests' own computations too: deterministic kernels, no TF32
     config.addinivalue_line("markers", f"{SMOKE_MARK}: the deployment smoke of `make test-deploy-smoke` (root, "
                                        "docker, namespaces; minutes); runs only when -m names it")
 

@@ -96,8 +96,8 @@ def test_training_sees_augmented_batches_drawn_from_their_own_stream(tmp_path):
 def test_features_cached_from_a_body_are_not_augmented(tmp_path):
     cfg = Config.from_run_config(small_config(tmp_path, method="local", augmentation="crop-flip"))
     client = LocalClient(ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict(), server_round=1))
-    feats = torch.randn(client.data.num_train, 5)
-    head = torch.nn.Linear(5, 10)
+    feats = torch.randn(client.data.num_train, 5).to(client.env.device)
+    head = torch.nn.Linear(5, 10).to(client.env.device)
     seen = []
     client.train(head, x=feats, steps=2, loss_fn=lambda m, xb, yb: (seen.append(xb), F.cross_entropy(m(xb), yb))[1],
                  after_step=lambda step, loss, idx: seen.append(feats[idx]))

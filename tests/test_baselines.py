@@ -156,9 +156,9 @@ def test_fedproto_predicts_by_nearest_global_prototype(tmp_path):
     client.save_model(model)
     feats = extract_features(model, client.data.x_test)
     ids, means, counts = class_means(feats, client.data.y_test, client.data.num_classes)
-    right = RecordDict({wire.CLASS_FEATURES: wire.pack_class_features(ids.numpy(), means.numpy(), counts.numpy())})
-    swapped = RecordDict({wire.CLASS_FEATURES: wire.pack_class_features(ids.numpy()[::-1].copy(), means.numpy(),
-                                                                        counts.numpy())})
+    ids_, means_, counts_ = map(wire.to_host, (ids, means, counts))
+    right = RecordDict({wire.CLASS_FEATURES: wire.pack_class_features(ids_, means_, counts_)})
+    swapped = RecordDict({wire.CLASS_FEATURES: wire.pack_class_features(ids_[::-1].copy(), means_, counts_)})
     good, bad = client.evaluate(right), client.evaluate(swapped)
     dist = torch.cdist(feats, means)
     assert good.correct == int((ids[dist.argmin(1)] == client.data.y_test).sum())

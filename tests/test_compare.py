@@ -81,12 +81,13 @@ def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path, monkeypatch, capsys
     from runner.progress import study_env
 
     monkeypatch.setenv(*next(iter(study_env(5, 9, 0.0).items())))
+    from tests.conftest import test_device
 
     preset = {"compare": {"methods": ["local", "fedavg-strong"], "seeds": [0], "supernodes": 3,
                           "output": str(tmp_path / "cmp"), "engine": "inprocess", "jobs": 2},
-              "run-config": {"dataset": "digits", "num-server-rounds": 2, "node-wait-s": 0},
+              "run-config": {"dataset": "digits", "num-server-rounds": 2, "node-wait-s": 0, "device": test_device()},
               "variants": {"fedavg-strong": {"method": "fedprox", "fedprox.mu": 1.0}}}
-    out = run_all(preset, ROOT)
+    out = run_all(preset, ROOT)  # on CUDA its workers are spawned (server_app.inprocess.pool_context)
     table = (out / "table.md").read_text()
     assert "| local |" in table and "| fedavg-strong |" in table and "engine inprocess" in table
     assert (out / "runs" / "fedavg-strong-s0" / "summary.json").exists()

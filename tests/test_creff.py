@@ -93,14 +93,14 @@ def test_server_round_is_fedavg_then_matching_at_the_sent_head_then_a_fresh_head
     before, after = ff.match_features(H0, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
                                       torch.from_numpy(sent["head.weight"]), torch.from_numpy(sent["head.bias"]),
                                       5, 0.1, "sgd")
-    assert np.allclose(strategy.features, H0.numpy(), atol=1e-6)
+    assert np.allclose(strategy.features, wire.to_host(H0), atol=1e-6)
     assert metrics == pytest.approx({"match-loss-before": before, "match-loss": after})
     assert after < before
     # a freshly initialised classifier re-trained on the new H
     W0, b0 = ff.fresh_linear(strategy.model.feature_dim, 10, gen)
     W, b = ff.retrain_classifier(H0, cg.synthetic_labels(10, 4), W0, b0, 3, 0.01, 32, gen)
-    assert np.allclose(strategy.retrained["head.weight"], W.numpy(), atol=1e-6)
-    assert np.allclose(strategy.retrained["head.bias"], b.numpy(), atol=1e-6)
+    assert np.allclose(strategy.retrained["head.weight"], wire.to_host(W), atol=1e-6)
+    assert np.allclose(strategy.retrained["head.bias"], wire.to_host(b), atol=1e-6)
     # evaluation: the FedAvg body with the re-trained classifier; training: the FedAvg model and the new head
     evaluated = wire.unpack_arrays(strategy.evaluate_payload(2, 1)[wire.WEIGHTS])
     for k, v in evaluated.items():
@@ -134,9 +134,11 @@ def test_client_takes_gradients_at_the_received_body_and_retrained_head_before_t
     from clients.creff import CReFFClient
     from clients.mupfl import SAMPLE_TAG, sample_per_class
     from fedcore.config import Config
+    from tests.conftest import test_device
 
     cfg = Config.from_run_config({"method": "creff", "dataset": "digits", "partition": "iid", "model": "mupflcnn",
-                                  "batch-size": 32, "lr": 0.05, "local-epochs": 1, "client-threads": 1})
+                                  "batch-size": 32, "lr": 0.05, "local-epochs": 1, "client-threads": 1,
+                                  "device": test_device()})
 
     def client():
         return CReFFClient(ClientEnv(cfg, pid=1, num_clients=3, state=RecordDict(), server_round=1,
@@ -153,14 +155,15 @@ def test_client_takes_gradients_at_the_received_body_and_retrained_head_before_t
     model.eval()
     with torch.no_grad():
         h = model.features(x)  # the received (untrained) body
-    z, present = cg.class_gradients(h, y, head["head.weight"], head["head.bias"], 10)
+    z, present = cg.class_gradients(h, y, head["head.weight"].to(h.device), head["head.bias"].to(h.device), 10)
     grads = wire.unpack_arrays(upload[GRADIENTS])
-    assert np.allclose(grads["z"], z.numpy(), atol=1e-6) and np.array_equal(grads["present"], present.float().numpy())
+    assert np.allclose(grads["z"], wire.to_host(z), atol=1e-6)
+    assert np.array_equal(grads["present"], wire.to_host(present.float()))
     twin = client()
     trained = twin.new_model()
     loss = twin.train(trained)
     weights = wire.unpack_arrays(upload[wire.WEIGHTS])
-    assert all(np.allclose(weights[k], v.numpy(), atol=1e-6) for k, v in trained.state_dict().items())
+    assert all(np.allclose(weights[k], wire.to_host(v), atol=1e-6) for k, v in trained.state_dict().items())
     assert metrics[wire.TRAIN_LOSS] == pytest.approx(loss)
     result = client().evaluate(content)  # the evaluated model is exactly what the server sent
     from clients.training import evaluate_model

@@ -53,14 +53,14 @@ def _payload(weight, bias, ids, feats, counts=None) -> RecordDict:
 def _known(client, model, missing=()) -> GlobalKnowledge:
     """A realistic download: a perturbed global head and GFRs = the client's class means plus noise,
     received through the wire format (classes in ``missing`` have no GFR)."""
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(5)  # on the CPU: the same download whatever the client's device
     d = model.feature_dim
-    weight = (model.head.weight.detach() + 0.1 * torch.randn(C, d, generator=g)).numpy()
-    bias = torch.randn(C, generator=g).numpy()
+    weight = wire.to_host(model.head.weight) + wire.to_host(0.1 * torch.randn(C, d, generator=g))
+    bias = wire.to_host(torch.randn(C, generator=g))
     ids, means, _ = class_means(extract_features(model, client.data.x_train), client.data.y_train, C)
     keep = [i for i, j in enumerate(ids.tolist()) if j not in missing]
-    feats = (means[keep] + 0.5 * torch.randn(len(keep), d, generator=g)).numpy()
-    return client.global_knowledge(_payload(weight, bias, ids[keep].numpy(), feats))
+    feats = wire.to_host(means[keep]) + wire.to_host(0.5 * torch.randn(len(keep), d, generator=g))
+    return client.global_knowledge(_payload(weight, bias, wire.to_host(ids[keep]), feats))
 
 
 def _snapshot(module) -> dict:
@@ -106,16 +106,16 @@ def _pairs(replies):
 def test_2_lfr_is_the_per_class_mean_of_the_final_extractor_in_eval_mode(tmp_path):
     client = _client(tmp_path)
     model = client.new_model()
-    records, _ = client.fit(_payload(model.head.weight.detach().numpy(), model.head.bias.detach().numpy(),
+    records, _ = client.fit(_payload(wire.to_host(model.head.weight), wire.to_host(model.head.bias),
                                      [], np.zeros((0, model.feature_dim), np.float32)))
     ids, feats, counts = wire.unpack_class_features(records[wire.CLASS_FEATURES])
     trained = client.load_model().eval()  # what fit saved: the final theta_i
     x, y = client.data.x_train, client.data.y_train
     with torch.no_grad():
         expected = [trained.body(x[y == j]).mean(0) for j in ids]
-    assert np.allclose(feats, torch.stack(expected).numpy(), atol=1e-6)
+    assert np.allclose(feats, wire.to_host(torch.stack(expected)), atol=1e-6)
     assert counts.tolist() == [int((y == j).sum()) for j in ids] and ids.tolist() == sorted(set(y.tolist()))
-    assert not np.allclose(feats, class_means(extract_features(model, x), y, C)[1].numpy())  # it did train
+    assert not np.allclose(feats, wire.to_host(class_means(extract_features(model, x), y, C)[1]))  # it did train
 
 
 # ====================================================================== 3. GFRs
@@ -214,7 +214,7 @@ def test_5_the_gfr_receives_no_gradient(tmp_path):
 def _manual_stage_a_step(client, model, known, lr, lam, fusion=True):
     """One SGD step on theta of CE(s, y) + lambda * MSE(z, GFR_y), written out by hand."""
     model = copy.deepcopy(model).train()
-    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(0), "cpu"))
+    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(0), client.env.device))
     xb, yb = client.data.x_train[idx], client.data.y_train[idx]
     z = model.body(xb)
     p = z @ model.head.weight.T + model.head.bias
@@ -454,7 +454,7 @@ def test_ablation_without_hierarchical_optimisation_takes_joint_steps_on_theta_a
     model = client.new_model()
     known = _known(client, model)
     expected = copy.deepcopy(model).train()
-    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(0), "cpu"))
+    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(0), client.env.device))
     xb, yb = client.data.x_train[idx], client.data.y_train[idx]
     z = expected.features(xb)
     loss = F.cross_entropy(fused_logits(z, expected.head, known), yb) + F.mse_loss(z, known.gfr[yb])
@@ -472,7 +472,7 @@ def test_per_batch_alternation_variant_alternates_within_each_batch(tmp_path):
     model = client.new_model()
     known = _known(client, model)
     manual = _manual_stage_a_step(client, model, known, lr=0.03, lam=1.0)  # theta step, then phi_i on the same batch
-    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(0), "cpu"))
+    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(0), client.env.device))
     with torch.no_grad():
         z = manual.eval().body(client.data.x_train[idx])
     manual_opt = torch.optim.SGD(manual.head.parameters(), lr=0.03)

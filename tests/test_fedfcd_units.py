@@ -103,16 +103,16 @@ def test_global_head_step_is_the_closed_form_softmax_gradient_on_two_classes():
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 2.0]])
     y = torch.tensor([0, 1, 1, 0])
     # by hand: grad W = (softmax(Wx + b) - onehot(y))^T x / n, grad b = mean(softmax - onehot)
-    logits = x.numpy() @ w0.T + b0
+    logits = wire.to_host(x) @ w0.T + b0
     prob = np.exp(logits - logits.max(1, keepdims=True))
     prob /= prob.sum(1, keepdims=True)
-    err = prob - np.eye(2)[y.numpy()]
-    ce = float(-np.log(prob[np.arange(4), y.numpy()]).mean())
+    err = prob - np.eye(2)[wire.to_host(y)]
+    ce = float(-np.log(prob[np.arange(4), wire.to_host(y)]).mean())
     assert head.loss(x, y) == pytest.approx(ce, rel=1e-6)
     batch_loss = head.train(x, y, batch_size=4, epochs=1, generator=torch.Generator().manual_seed(0))
     assert batch_loss == pytest.approx(ce, rel=1e-6)  # one batch: the loss before its step
     got = head.arrays()
-    assert np.allclose(got["weight"], w0 - 0.5 * err.T @ x.numpy() / 4, atol=1e-6)
+    assert np.allclose(got["weight"], w0 - 0.5 * err.T @ wire.to_host(x) / 4, atol=1e-6)
     assert np.allclose(got["bias"], b0 - 0.5 * err.mean(0), atol=1e-6)
     assert head.loss(x, y) < ce  # the step lowers the head's loss
     assert head.loss(x[:0], y[:0]) == 0.0
@@ -140,8 +140,8 @@ def test_global_head_epochs_batches_and_momentum_follow_the_arguments():
             losses.append(float(loss))
     mean_loss = head.train(x, y, batch_size=3, epochs=2, generator=gen)
     assert mean_loss == pytest.approx(np.mean(losses), rel=1e-5) and len(losses) == 6
-    assert np.allclose(head.arrays()["weight"], w.detach().numpy(), atol=1e-6)
-    assert np.allclose(head.arrays()["bias"], b.detach().numpy(), atol=1e-6)
+    assert np.allclose(head.arrays()["weight"], wire.to_host(w), atol=1e-6)
+    assert np.allclose(head.arrays()["bias"], wire.to_host(b), atol=1e-6)
     assert head.train(x[:0], y[:0], batch_size=3, epochs=1, generator=gen) == 0.0
 
 
@@ -271,7 +271,8 @@ def test_stage_b_is_one_step_of_the_given_optimiser_on_ce_of_the_fused_logits_by
     model = client.new_model()
     known = _known(client, model)
     head = copy.deepcopy(model.head)
-    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(1), "cpu"))
+    idx = next(minibatches(client.data.num_train, client.cfg["batch-size"], client.env.generator(1),
+                           client.env.device))
     with torch.no_grad():
         z = copy.deepcopy(model).eval().body(client.data.x_train)[idx]
     loss = F.cross_entropy(z @ known.weight.T + known.bias + head(z), client.data.y_train[idx])
@@ -351,7 +352,7 @@ def test_global_knowledge_holds_the_sent_head_and_gfr_rows_with_their_mask(tmp_p
     bias = np.arange(C, dtype=np.float32)
     feats = np.stack([np.full(d, 3.0, np.float32), np.full(d, -2.0, np.float32)])
     known = client.global_knowledge(_payload(weight, bias, [2, 7], feats))
-    assert np.array_equal(known.weight.numpy(), weight) and np.array_equal(known.bias.numpy(), bias)
+    assert np.array_equal(wire.to_host(known.weight), weight) and np.array_equal(wire.to_host(known.bias), bias)
     assert known.has_gfr.tolist() == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0]
     assert (known.gfr[2] == 3.0).all() and (known.gfr[7] == -2.0).all() and not known.gfr[[0, 1, 3]].any()
     evaluation = client.global_knowledge(RecordDict({GLOBAL_HEAD: wire.pack_arrays({"weight": weight, "bias": bias})}))
@@ -365,7 +366,7 @@ def test_fit_trains_from_the_saved_state_saves_it_and_uploads_its_lfrs(tmp_path)
         for p in start.parameters():
             p.add_(0.05)
     client.save_model(start)
-    known_payload = _payload(start.head.weight.detach().numpy(), start.head.bias.detach().numpy(), [],
+    known_payload = _payload(wire.to_host(start.head.weight), wire.to_host(start.head.bias), [],
                              np.zeros((0, start.feature_dim), np.float32))
     expected = copy.deepcopy(start)
     client.local_update(expected, client.global_knowledge(known_payload))
@@ -387,7 +388,7 @@ def test_round_0_uploads_the_lfrs_of_the_untrained_model(tmp_path):
     x, y = client.data.x_train, client.data.y_train
     with torch.no_grad():
         expected = torch.stack([initial.eval().body(x[y == j]).mean(0) for j in ids])
-    assert np.allclose(feats, expected.numpy(), atol=1e-6) and metrics == {}
+    assert np.allclose(feats, wire.to_host(expected), atol=1e-6) and metrics == {}
     assert counts.tolist() == [int((y == j).sum()) for j in ids]
 
 
@@ -444,8 +445,8 @@ def test_stage_a_of_each_alternation_draws_its_batches_from_its_own_shuffle_stre
     client.objective = recording
     client.local_update(model, known)
     n, bs, x = client.data.num_train, client.cfg["batch-size"], client.data.x_train
-    expected = [x[idx] for tag in (0, 2) for idx in minibatches(n, bs, client.env.generator(tag), "cpu")]
-    replay = [x[idx] for _ in (0, 2) for idx in minibatches(n, bs, client.env.generator(0), "cpu")]
+    expected = [x[idx] for tag in (0, 2) for idx in minibatches(n, bs, client.env.generator(tag), client.env.device)]
+    replay = [x[idx] for _ in (0, 2) for idx in minibatches(n, bs, client.env.generator(0), client.env.device)]
     assert len(seen) == len(expected) == 2 * -(-n // bs)
     assert all(torch.equal(a, b) for a, b in zip(seen, expected))
     assert not all(torch.equal(a, b) for a, b in zip(expected, replay))  # the two orders differ
@@ -531,7 +532,8 @@ def test_1_a_fit_reply_is_k_by_d_lfrs_their_labels_and_counts_and_no_parameter_s
     d = model.feature_dim
     known = _known(client, model)
     sent = known.has_gfr.nonzero().flatten()
-    payload = _payload(known.weight.numpy(), known.bias.numpy(), sent.numpy(), known.gfr[sent].numpy())
+    payload = _payload(wire.to_host(known.weight), wire.to_host(known.bias), wire.to_host(sent),
+                       wire.to_host(known.gfr[sent]))
     records, _ = client.fit(payload)
     assert set(records.keys()) == {wire.CLASS_FEATURES}  # one record, nothing else
     arrays = wire.unpack_arrays(records[wire.CLASS_FEATURES])
@@ -569,8 +571,8 @@ def test_2_lfr_is_taken_in_eval_mode_without_grad_and_leaves_batchnorm_statistic
         expected.append(sum(z_eval[i].double() for i in rows) / len(rows))
         in_train_mode.append(z_train[rows].mean(0))
     assert ids.tolist() == labels and counts.tolist() == [int((y == j).sum()) for j in labels]
-    assert np.allclose(feats, torch.stack(expected).float().numpy(), atol=1e-5)
-    assert not np.allclose(feats, torch.stack(in_train_mode).numpy(), atol=1e-3)  # the mode matters here
+    assert np.allclose(feats, wire.to_host(torch.stack(expected).float()), atol=1e-5)
+    assert not np.allclose(feats, wire.to_host(torch.stack(in_train_mode)), atol=1e-3)  # the mode matters here
 
 
 def _manual_head_epoch(weight, bias, x, y, lr, batch, generator):
@@ -580,7 +582,7 @@ def _manual_head_epoch(weight, bias, x, y, lr, batch, generator):
         xb, yb = x[idx].double(), y[idx]
         err = torch.softmax(xb @ w.T + b, 1) - F.one_hot(yb, w.shape[0]).double()
         w, b = w - lr * err.T @ xb / len(idx), b - lr * err.mean(0)
-    return w.numpy(), b.numpy()
+    return wire.to_host(w), wire.to_host(b)
 
 
 def test_8_after_round_0_every_class_present_has_a_gfr_and_phi_g_has_had_exactly_one_epoch():

@@ -18,6 +18,7 @@ from fedcore.methods.fedmcsa import RECEIVE, UPLOAD
 from fedcore.models import model_facts
 from fedstrategies.fedmcsa import FedMCSAStrategy
 from fedstrategies.fedmcsa_math import attention, components, mcsa, mean_weights, size_weighted
+from tests.conftest import test_device
 
 RNG = np.random.default_rng(0)
 
@@ -357,7 +358,7 @@ def _env(tmp_path, state=None, server_round=1, config=None, **run):
     from clients.base import ClientEnv
 
     cfg = Config.from_run_config({"method": "fedmcsa", "dataset": "digits", "partition": "pathological",
-                                  "model": "mlr", "results-dir": str(tmp_path), **run})
+                                  "model": "mlr", "results-dir": str(tmp_path), "device": test_device(), **run})
     return ClientEnv(cfg, 0, 3, RecordDict() if state is None else state, server_round,
                      {wire.SERVER_ROUND: server_round, wire.PHASE: "train", **(config or {})})
 
@@ -423,7 +424,7 @@ def test_the_client_update_equals_the_proximal_formula_with_a_fixed_centre(tmp_p
     F.cross_entropy(theta(client.data.x_train), client.data.y_train).backward()
     for (name, p), c in zip(theta.named_parameters(), centre.parameters()):
         expected = p.detach() - eta * (p.grad + lam * (p.detach() - c.detach()))
-        np.testing.assert_allclose(got[name], expected.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[name], wire.to_host(expected), rtol=1e-5, atol=1e-6)
     # the centre is still W after a round without a new model
     centre2 = FedMCSAClient(env2).load_model(CENTRE)
     assert all(torch.equal(a, b) for a, b in zip(centre2.parameters(), w.parameters()))

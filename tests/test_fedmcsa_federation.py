@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from fedcore import wire
 from fedcore.config import Config
@@ -48,7 +47,7 @@ def test_inprocess_option_sampled_and_ablations_run(inprocess):
         assert trained == (4 if name == "sampled" else 8), name
 
 
-def test_majority_predicts_each_clients_most_frequent_training_label(inprocess, tmp_path):
+def test_majority_predicts_each_clients_most_frequent_training_label(inprocess, tmp_path, device):
     summary, _ = inprocess(4, method="majority", **{"num-server-rounds": 2})
     assert summary["bytes_up"] == 0 and summary["bytes_down_per_round"] == 0
     from clients.base import load_client_data
@@ -56,7 +55,7 @@ def test_majority_predicts_each_clients_most_frequent_training_label(inprocess, 
     cfg = Config.from_run_config({"dataset": "digits", "partition": "pathological", "seed": 0})
     correct = total = 0
     for pid in range(4):
-        data = load_client_data(cfg, pid, 4, torch.device("cpu"))
+        data = load_client_data(cfg, pid, 4, device)
         label = int(np.argmax(data.train_label_counts))
         correct += int((data.y_test == label).sum())
         total += data.num_test

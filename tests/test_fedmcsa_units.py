@@ -19,6 +19,7 @@ from fedstrategies.base import ClientInfo
 from fedstrategies.fedmcsa import FedMCSAStrategy
 from fedstrategies.fedmcsa_math import (attention, components, mcsa, mean_weights, size_weighted,
                                         stack_component)
+from tests.conftest import test_device
 
 
 def _loop_attention(x: np.ndarray, sigma: float) -> np.ndarray:
@@ -399,7 +400,7 @@ def _env(tmp_path, state, server_round, receive, upload, **run):
 
     cfg = Config.from_run_config({"method": "fedmcsa", "dataset": "digits", "partition": "pathological",
                                   "model": "mlr", "results-dir": str(tmp_path), "local-steps": 1,
-                                  "batch-size": 10_000, "lr": 0.1, **run})
+                                  "batch-size": 10_000, "lr": 0.1, "device": test_device(), **run})
     return ClientEnv(cfg, 0, 3, state, server_round,
                      {wire.SERVER_ROUND: server_round, wire.PHASE: "train", RECEIVE: receive, UPLOAD: upload})
 
@@ -418,7 +419,7 @@ def _one_step(model, centre, data, lr, lam, wd):
     """Theta - lr (grad f + lam (Theta - centre) + wd Theta), one full batch, by hand."""
     model.zero_grad()
     F.cross_entropy(model(data.x_train), data.y_train).backward()
-    return {n: (p - lr * (p.grad + lam * (p - c) + wd * p)).detach().numpy()
+    return {n: wire.to_host((p - lr * (p.grad + lam * (p - c) + wd * p)))
             for (n, p), c in zip(model.named_parameters(), centre.parameters())}
 
 
@@ -458,7 +459,7 @@ def test_the_client_step_uses_the_variants_lambda_and_weight_decay(tmp_path, var
     assert all(torch.equal(a, b) for a, b in zip(client.load_model(CENTRE).parameters(), w.parameters()))
     expected1 = _one_step(client.model_from(content, wire.WEIGHTS), w, client.data, 0.1, lam, wd)
     for name, p in theta1.named_parameters():
-        np.testing.assert_allclose(p.detach().numpy(), expected1[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(wire.to_host(p), expected1[name], rtol=1e-5, atol=1e-6)
 
     env2 = _env(tmp_path, state, 2, False, True, **{"fedmcsa.variant": variant})
     records, _ = FedMCSAClient(env2).fit(RecordDict())
@@ -467,7 +468,7 @@ def test_the_client_step_uses_the_variants_lambda_and_weight_decay(tmp_path, var
     for name in expected2:
         np.testing.assert_allclose(got[name], expected2[name], rtol=1e-5, atol=1e-6)
     saved = FedMCSAClient(env2).load_model(MODEL)  # the uploaded model is the one kept for the next round
-    assert all(np.array_equal(got[n], p.detach().numpy()) for n, p in saved.named_parameters())
+    assert all(np.array_equal(got[n], wire.to_host(p)) for n, p in saved.named_parameters())
 
 
 def test_an_explicit_weight_decay_wins_over_the_variants(tmp_path):
@@ -480,7 +481,7 @@ def test_an_explicit_weight_decay_wins_over_the_variants(tmp_path):
     client = FedMCSAClient(env)
     expected = _one_step(client.model_from(content, wire.WEIGHTS), w, client.data, 0.1, 0.0, 0.5)
     for name, p in client.load_model(MODEL).named_parameters():
-        np.testing.assert_allclose(p.detach().numpy(), expected[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(wire.to_host(p), expected[name], rtol=1e-5, atol=1e-6)
 
 
 def test_a_new_model_replaces_both_the_trained_model_and_the_centre(tmp_path):
@@ -568,7 +569,7 @@ def test_lambda_zero_makes_the_client_step_plain_sgd(tmp_path):
             theta1.zero_grad()
             F.cross_entropy(theta1(data.x_train), data.y_train).backward()
             for name, p in theta1.named_parameters():
-                np.testing.assert_allclose(got[lam][name], (p - 0.1 * p.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(got[lam][name], wire.to_host((p - 0.1 * p.grad)), rtol=1e-5, atol=1e-6)
     assert any(not np.allclose(got[0.0][k], got[5.0][k], atol=1e-4) for k in got[0.0])
 
 

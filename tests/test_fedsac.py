@@ -236,8 +236,8 @@ def test_alpha_switched_off_for_the_last_30_percent_of_rounds():
 
 
 # ---------------------------------------------------------------- 11: the client regulariser
-def test_client_regulariser_is_minus_lambda_at_the_received_model_and_no_gradient_reaches_it():
-    model = seeded_model("simplecnn", (1, 8, 8), 10, 0)
+def test_client_regulariser_is_minus_lambda_at_the_received_model_and_no_gradient_reaches_it(device):
+    model = seeded_model("simplecnn", (1, 8, 8), 10, 0).to(device)
     received = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone().requires_grad_(True)
     reg = regulariser("paper", 0.01, received)
     value = reg(model)
@@ -247,9 +247,9 @@ def test_client_regulariser_is_minus_lambda_at_the_received_model_and_no_gradien
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_client_regulariser_steps_increase_the_cosine_to_the_received_model():
+def test_client_regulariser_steps_increase_the_cosine_to_the_received_model(device):
     """With the cross-entropy switched off, SGD on -lambda cos(theta, theta~) pulls theta towards theta~."""
-    model = seeded_model("simplecnn", (1, 8, 8), 10, 0)
+    model = seeded_model("simplecnn", (1, 8, 8), 10, 0).to(device)
     received = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
     with torch.no_grad():
         for p in model.parameters():
@@ -264,8 +264,8 @@ def test_client_regulariser_steps_increase_the_cosine_to_the_received_model():
     assert -reg(model).item() > before + 1e-3
 
 
-def test_authors_regulariser_has_their_sign():
-    model = seeded_model("simplecnn", (1, 8, 8), 10, 0)
+def test_authors_regulariser_has_their_sign(device):
+    model = seeded_model("simplecnn", (1, 8, 8), 10, 0).to(device)
     theta = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     reference = torch.randn_like(theta)
     expected = 0.5 * float(reference @ theta / theta.norm())

@@ -15,6 +15,7 @@ from fedcore.config import Config, ConfigError
 from fedcore.methods.fedsac import REGULARISER
 from fedcore.models import ModelFacts, seeded_model
 from fedcore.registry import get_method
+from tests.conftest import test_device
 from fedstrategies.base import ClientReply
 from fedstrategies.pfedgraph import PFedGraphStrategy
 
@@ -128,14 +129,14 @@ def test_defaults_are_the_authors_and_every_mode_refuses_unknown_values():
 
 def test_client_uploads_its_trained_weights_and_no_subspace():
     cfg = Config.from_run_config({"method": "pfedgraph", "dataset": "digits", "model": "simplecnn", "local-steps": 2,
-                                  "batch-size": 16, "client-threads": 1})
+                                  "batch-size": 16, "client-threads": 1, "device": test_device()})
     env = ClientEnv(cfg, 0, 3, RecordDict(), 2, {wire.SERVER_ROUND: 2, wire.PHASE: "train", REGULARISER: "paper"})
-    start = seeded_model("simplecnn", env.data.input_shape, env.data.num_classes, 0)
+    start = seeded_model("simplecnn", env.data.input_shape, env.data.num_classes, 0).to(env.device)
     records, metrics = PFedGraphClient(env).fit(RecordDict({wire.WEIGHTS: wire.pack_arrays(start.state_dict())}))
     assert set(records) == {wire.WEIGHTS}
     uploaded = wire.unpack_arrays(records[wire.WEIGHTS])
     assert set(uploaded) == set(start.state_dict())
-    assert any(not np.allclose(uploaded[k], v.numpy()) for k, v in start.state_dict().items())
+    assert any(not np.allclose(uploaded[k], wire.to_host(v)) for k, v in start.state_dict().items())
     assert 0.9 < metrics[wire.METHOD_METRIC_PREFIX + "cos-to-received"] < 1.0
 
 

@@ -29,6 +29,7 @@ from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at, collaborati
                                        complementarity_matrix, graph_diagnostics, greedy_column_angles, principal_angles,
                                        project_rows_to_simplex, qp_objective, qp_targets, similarity_matrix,
                                        solve_graph_cvxpy)
+from tests.conftest import test_device
 
 
 def instance(rng, n):
@@ -373,7 +374,7 @@ def test_authors_regulariser_gradient_is_lambda_times_the_projected_reference():
     value.backward()
     grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     t = theta / theta.norm()
-    np.testing.assert_allclose(grad.numpy(), (0.7 * (c - (c @ t) * t) / theta.norm()).numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(wire.to_host(grad), wire.to_host((0.7 * (c - (c @ t) * t) / theta.norm())), rtol=1e-5, atol=1e-7)
     assert value.item() == pytest.approx(0.7 * float(c @ theta) / float(theta.norm()), rel=1e-6)
     with pytest.raises(ValueError, match="unknown regulariser"):
         regulariser("other", 0.7, c)
@@ -407,7 +408,7 @@ def test_subspace_basis_is_computed_in_float64_from_float32_features():
     u = np.linalg.qr(rng.standard_normal((200, 4)))[0]
     v = np.linalg.qr(rng.standard_normal((6, 4)))[0]
     features = torch.tensor(u @ np.diag([3.0, 2.0, 1.001, 1.0]) @ v.T, dtype=torch.float32)
-    top = np.linalg.svd(features.numpy().astype(np.float64))[2][:3].T
+    top = np.linalg.svd(wire.to_host(features).astype(np.float64))[2][:3].T
     basis = subspace_basis(features, 3).astype(np.float64)
     np.testing.assert_allclose(basis @ basis.T, top @ top.T, atol=1e-6)
 
@@ -712,13 +713,14 @@ def test_every_mode_option_refuses_an_unknown_value_naming_the_valid_ones(key, v
 def client_env(state=None, server_round=2, config=None, **hp):
     cfg = Config.from_run_config({"method": "fedsac", "dataset": "digits", "model": "simplecnn", "local-steps": 3,
                                   "batch-size": 16, "lr": 0.05, "momentum": 0.5, "weight-decay": 1e-4,
-                                  "client-threads": 1, **{f"fedsac.{k}": v for k, v in hp.items()}})
+                                  "client-threads": 1, "device": test_device(),
+                                  **{f"fedsac.{k}": v for k, v in hp.items()}})
     return ClientEnv(cfg, 0, 3, RecordDict() if state is None else state, server_round,
                      {wire.SERVER_ROUND: server_round, wire.PHASE: "train", **(config or {})})
 
 
 def received_model(env, shift=0.05):
-    model = seeded_model("simplecnn", env.data.input_shape, env.data.num_classes, 1)
+    model = seeded_model("simplecnn", env.data.input_shape, env.data.num_classes, 1).to(env.device)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(shift)
@@ -746,7 +748,7 @@ def test_client_fit_equals_a_manual_local_update_and_uploads_theta_and_basis(mod
     if mode == "authors":
         ref = {name: torch.randn_like(p) for name, p in start.named_parameters()}
         # sent in float64: the client casts c_i to its model's dtype and device
-        content[REFERENCE] = wire.pack_arrays({k: v.double().numpy() for k, v in ref.items()})
+        content[REFERENCE] = wire.pack_arrays({k: wire.to_host(v.double()) for k, v in ref.items()})
     records, metrics = FedSaCClient(env).fit(content)
 
     expected = received_model(env)
@@ -761,7 +763,7 @@ def test_client_fit_equals_a_manual_local_update_and_uploads_theta_and_basis(mod
     assert set(records) == {wire.WEIGHTS, SUBSPACE}
     uploaded = wire.unpack_arrays(records[wire.WEIGHTS])
     for k, v in expected.state_dict().items():
-        np.testing.assert_allclose(uploaded[k], v.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(uploaded[k], wire.to_host(v), rtol=1e-5, atol=1e-6)
     basis = wire.unpack_arrays(records[SUBSPACE])[BASIS]
     np.testing.assert_allclose(basis, subspace_basis(extract_features(expected, env.data.x_train), 3), atol=1e-4)
     assert metrics[wire.TRAIN_LOSS] == pytest.approx(loss, rel=1e-5)
@@ -770,7 +772,7 @@ def test_client_fit_equals_a_manual_local_update_and_uploads_theta_and_basis(mod
     assert drift < 1.0
     kept = FedSaCClient(env).load_model(MODEL)  # theta_i is kept for evaluation
     for k, v in kept.state_dict().items():
-        np.testing.assert_allclose(v.numpy(), uploaded[k], rtol=0, atol=0)
+        np.testing.assert_allclose(wire.to_host(v), uploaded[k], rtol=0, atol=0)
 
 
 def test_client_regulariser_mode_changes_the_update_and_lambda_scales_it():

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from runner.launch import simulate
+from tests.conftest import test_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path, name: str, **config) -> dict:
     config = {"method": "ditto", "dataset": "digits", "num-server-rounds": 3, "results-dir": str(tmp_path),
-              "run-name": name, **config}
+              "run-name": name, "device": test_device(), **config}
     return simulate(config, supernodes=3, app_dir=ROOT, stream=False, timeout=600, flwr_home=tmp_path / f"home-{name}")
 
 
@@ -35,7 +36,7 @@ def test_flwr_run_smoke_keeps_client_state_and_equals_the_inprocess_engine(tmp_p
     from runner.inprocess import run_inprocess
 
     config = {"method": "ditto", "dataset": "digits", "num-server-rounds": 2, "results-dir": str(tmp_path),
-              "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0}
+              "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0, "device": test_device()}
     run_inprocess(config, 3)
     columns = ("acc_weighted", "acc_client_mean", "loss", "train_loss")
     assert [[r[c] for c in columns] for r in _rounds(tmp_path, "inprocess")] == [[r[c] for c in columns] for r in rows]
@@ -62,7 +63,7 @@ def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_
     from runner.inprocess import run_inprocess
 
     config = {"method": "ditto", "dataset": "digits", "num-server-rounds": 3, "results-dir": str(tmp_path),
-              "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0}
+              "run-name": "inprocess", "client-threads": 1, "node-wait-s": 0, "device": test_device()}
     run_inprocess(config, 3)
     inproc = [[r[c] for c in columns] for r in _rounds(tmp_path, "inprocess")]
     assert inproc == [[r[c] for c in columns] for r in rows["a"]]

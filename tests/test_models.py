@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedcore.config import MODEL_NAMES
-from fedcore.models import MODELS, SplitModel, build_model, default_model, pick_device
+from fedcore.models import MODELS, SplitModel, bavd_map_shapes, bavd_sites, build_model, default_model, pick_device
 
 SHAPES = [(60,), (1, 8, 8), (1, 28, 28), (3, 32, 32)]
 FLAT = {"mlr", "dnn"}
@@ -18,13 +18,16 @@ def n_params(module: nn.Module) -> int:
 
 
 @pytest.mark.parametrize("name,shape", CASES)
-def test_split_contract(name, shape):
+def test_split_contract(name, shape, device):
+    """On the session's device: a model moved there after it is built (as clients do) runs there, its dummy
+    forwards (BAVD map shapes) included."""
     torch.manual_seed(0)
-    model = build_model(name, shape, num_classes=7)
+    model = build_model(name, shape, num_classes=7).to(device)
     assert isinstance(model, SplitModel)
+    assert len(bavd_map_shapes(model, shape)) == len(bavd_sites(model))
     model.eval()
     batch = 2 if name == "resnet18" else 4
-    x = torch.randn(batch, *shape)
+    x = torch.randn(batch, *shape).to(device)
     with torch.no_grad():
         logits, feats = model(x), model.features(x)
         assert logits.shape == (batch, 7)

@@ -11,6 +11,7 @@ import torch
 from fedcore import class_gradients as cg
 from fedcore import wire
 from fedcore.methods.mupfl import FEATURES, GRADIENTS, MAPS, START_HEAD
+from tests.conftest import test_device
 
 M, TAU = 3, 2  # features per class and pre-training epochs: small, every stage still runs
 
@@ -25,6 +26,7 @@ def _client(state=None, server_round=2, has_features=True, **hp):
     hp = {"features-per-class": M, "head-epochs": TAU, **hp}
     cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "partition": "iid", "model": "mupflcnn",
                                   "batch-size": 32, "lr": 0.05, "local-epochs": 1, "client-threads": 1,
+                                  "device": test_device(),
                                   **{f"mupfl.{k}": v for k, v in hp.items()}})
     env = ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict() if state is None else state,
                     server_round=server_round, config={"server-round": server_round, "phase": "train",
@@ -87,8 +89,8 @@ def test_pkcf_pretrains_the_chosen_head_and_local_training_starts_from_it(choice
     got = wire.unpack_arrays(upload[START_HEAD])
     assert set(got) == {"head.weight", "head.bias"}
     for k, v in expected.items():
-        assert np.allclose(got[k], v.numpy(), atol=1e-6)
-    assert not np.allclose(got["head.weight"], _head(received.state_dict())["head.weight"].numpy())
+        assert np.allclose(got[k], wire.to_host(v), atol=1e-6)
+    assert not np.allclose(got["head.weight"], wire.to_host(_head(received.state_dict())["head.weight"]))
 
 
 def test_a_client_without_a_stored_model_pretrains_the_received_head():
@@ -97,7 +99,7 @@ def test_a_client_without_a_stored_model_pretrains_the_received_head():
     expected = _expected_pretrained(_client(), received, content)
     upload, _ = client.fit(content)
     got = wire.unpack_arrays(upload[START_HEAD])
-    assert all(np.allclose(got[k], v.numpy(), atol=1e-6) for k, v in expected.items())
+    assert all(np.allclose(got[k], wire.to_host(v), atol=1e-6) for k, v in expected.items())
 
 
 def test_without_features_or_with_pkcf_off_the_start_head_is_the_received_one_and_no_pretraining():
@@ -106,7 +108,7 @@ def test_without_features_or_with_pkcf_off_the_start_head_is_the_received_one_an
         content, received = _content(client, with_features=kwargs != {"features-per-class": 0})
         upload, _ = client.fit(content)
         got = wire.unpack_arrays(upload[START_HEAD])
-        assert all(np.array_equal(got[k], v.numpy()) for k, v in _head(received.state_dict()).items())
+        assert all(np.array_equal(got[k], wire.to_host(v)) for k, v in _head(received.state_dict()).items())
 
 
 def test_the_reply_is_local_training_from_the_pretrained_start_with_bavd_and_the_gradients_at_the_received_head():
@@ -127,10 +129,10 @@ def test_the_reply_is_local_training_from_the_pretrained_start_with_bavd_and_the
     bavd.recording = True
     loss = twin.train(model, after_step=bavd.after_step)
     weights = wire.unpack_arrays(upload[wire.WEIGHTS])
-    assert all(np.allclose(weights[k], v.numpy(), atol=1e-6) for k, v in model.state_dict().items())
+    assert all(np.allclose(weights[k], wire.to_host(v), atol=1e-6) for k, v in model.state_dict().items())
     assert metrics[wire.TRAIN_LOSS] == pytest.approx(loss, rel=1e-5)
     maps = wire.unpack_arrays(upload[MAPS])
-    assert all(np.allclose(maps[str(i)], m.numpy()) for i, m in enumerate(bavd.maps))
+    assert all(np.allclose(maps[str(i)], wire.to_host(m)) for i, m in enumerate(bavd.maps))
     assert metrics[wire.METHOD_METRIC_PREFIX + "bavd-keep"] == pytest.approx(bavd.keep_fraction())
     steps = int(np.ceil(twin.data.num_train / 32))
     assert client.env.state.config_records[BAVD_COUNTERS]["steps"] == steps == bavd.steps
@@ -146,7 +148,7 @@ def test_the_reply_is_local_training_from_the_pretrained_start_with_bavd_and_the
     head = _head(received.state_dict())
     z, present = cg.class_gradients(h, y, head["head.weight"], head["head.bias"], 10)
     grads = wire.unpack_arrays(upload[GRADIENTS])
-    assert np.allclose(grads["z"], z.numpy(), atol=1e-5) and np.array_equal(grads["present"], present.float().numpy())
+    assert np.allclose(grads["z"], wire.to_host(z), atol=1e-5) and np.array_equal(grads["present"], wire.to_host(present.float()))
     bavd.remove()
 
 
@@ -156,7 +158,7 @@ def test_z_ref_local_takes_the_gradients_at_the_trained_head():
     upload, _ = client.fit(content)
     from clients.mupfl import MuPFLClient  # noqa: F401
 
-    trained = wire.torch_arrays(upload[wire.WEIGHTS])
+    trained = wire.torch_arrays(upload[wire.WEIGHTS], client.env.device)
     model = client.new_model()
     model.load_state_dict(trained)
     from clients.mupfl import BAVD
@@ -168,7 +170,7 @@ def test_z_ref_local_takes_the_gradients_at_the_trained_head():
         h = model.features(x)
     bavd.remove()
     z, _ = cg.class_gradients(h, y, trained["head.weight"], trained["head.bias"], 10)
-    assert np.allclose(wire.unpack_arrays(upload[GRADIENTS])["z"], z.numpy(), atol=1e-5)
+    assert np.allclose(wire.unpack_arrays(upload[GRADIENTS])["z"], wire.to_host(z), atol=1e-5)
 
 
 def test_bavd_off_sends_no_maps_and_pkcf_off_sends_no_gradients():
@@ -236,7 +238,7 @@ def test_bavd_counters_and_maps_are_restored_from_state_in_the_next_round():
     client = _client(state=state)
     bavd = BAVD.from_state(client.env, client.new_model(), "decrease")
     assert bavd.steps == saved["steps"] and bavd.previous_loss == saved["previous-loss"]
-    assert all(np.array_equal(m.numpy(), maps[str(i)]) for i, m in enumerate(bavd.maps))
+    assert all(np.array_equal(wire.to_host(m), maps[str(i)]) for i, m in enumerate(bavd.maps))
     bavd.remove()
 
 
@@ -257,8 +259,8 @@ def test_without_bavd_at_eval_the_gradients_are_taken_without_masks_and_present_
     head = _head(received.state_dict())
     z, present = cg.class_gradients(h, y, head["head.weight"], head["head.bias"], 10)
     grads = wire.unpack_arrays(upload[GRADIENTS])
-    assert np.allclose(grads["z"], z.numpy(), atol=1e-5)
-    assert grads["present"].dtype == np.float32 and np.array_equal(grads["present"], present.float().numpy())
+    assert np.allclose(grads["z"], wire.to_host(z), atol=1e-5)
+    assert grads["present"].dtype == np.float32 and np.array_equal(grads["present"], wire.to_host(present.float()))
 
 
 def test_one_feature_per_class_and_one_epoch_still_pretrain():
@@ -269,7 +271,7 @@ def test_one_feature_per_class_and_one_epoch_still_pretrain():
     content[FEATURES] = wire.pack_arrays({"features": H})
     upload, _ = client.fit(content)
     got = wire.unpack_arrays(upload[START_HEAD])
-    assert not np.allclose(got["head.weight"], _head(received.state_dict())["head.weight"].numpy())
+    assert not np.allclose(got["head.weight"], wire.to_host(_head(received.state_dict())["head.weight"]))
 
 
 def test_pretraining_is_tau_epochs_of_sgd_on_h_in_its_own_shuffle_stream():
@@ -284,14 +286,14 @@ def test_pretraining_is_tau_epochs_of_sgd_on_h_in_its_own_shuffle_stream():
     model = client.new_model()
     model.load_state_dict(received.state_dict())
     client.pretrain_head(model, content, PKCF_TAG)
-    H = torch.tensor(wire.unpack_arrays(content[FEATURES])["features"])
-    y = torch.arange(10).repeat_interleave(8)
+    H = wire.to_device(wire.unpack_arrays(content[FEATURES])["features"], client.env.device)
+    y = torch.arange(10, device=client.env.device).repeat_interleave(8)
     head = client.new_model().head
     head.load_state_dict({k[len("head."):]: v for k, v in _head(received.state_dict()).items()})
     opt = client.env.optimizer(head.parameters())
     g = client.env.generator(PKCF_TAG)
     for _ in range(3):
-        for idx in torch.randperm(len(y), generator=g).split(32):
+        for idx in torch.randperm(len(y), generator=g).to(client.env.device).split(32):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(head(H[idx]), y[idx]).backward()
             opt.step()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedcore import wire
-from tests.conftest import run_inprocess
+from tests.conftest import run_inprocess, test_device
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"model": "mupflcnn", "partition": "longtail-dirichlet", "longtail-dirichlet.alpha": 1.0,
@@ -72,7 +72,7 @@ def test_client_state_keeps_maps_and_counters_across_rounds_and_metrics_reach_ro
         maps = wire.unpack_arrays(context.state.array_records[BAVD_MAPS])
         assert list(maps) == ["0", "1"] and tuple(maps["0"].shape) == (8, 8) and tuple(maps["1"].shape) == (4, 4)
         # lambda counts on across rounds: two rounds of one epoch each
-        data = load_client_data(cfg, context.node_config["partition-id"], 3, "cpu")
+        data = load_client_data(cfg, context.node_config["partition-id"], 3, test_device())
         assert context.state.config_records[BAVD_COUNTERS]["steps"] == 2 * int(np.ceil(data.num_train / 16))
 
 

@@ -95,7 +95,7 @@ def test_l2_regulariser_is_the_mean_unsquared_distance_to_the_batch_class_means(
     g = torch.Generator().manual_seed(1)
     h, table = torch.randn(12, D, generator=g), torch.randn(10, D, generator=g)
     y = torch.tensor([2, 2, 5, 5, 5, 9, 2, 9, 9, 9, 5, 2])
-    brute = np.mean([np.linalg.norm(table[j].numpy() - h[y == j].numpy().mean(0)) for j in (2, 5, 9)])
+    brute = np.mean([np.linalg.norm(wire.to_host(table[j]) - wire.to_host(h[y == j]).mean(0)) for j in (2, 5, 9)])
     assert float(l2_regulariser(h, y, table)) == pytest.approx(brute, rel=1e-5)
     same = table[y].clone()  # features sitting on their mixed features: no pull, and a finite gradient
     same.requires_grad_(True)
@@ -270,11 +270,12 @@ def test_the_relation_step_keeps_a_batchnorm_body_bit_identical(tmp_path):
     client = _client(tmp_path, model="resnet8")
     model = client.load_model()
     model.train()
-    relation = RelationModule(model.feature_dim)
+    relation = RelationModule(model.feature_dim).to(client.env.device)
     optimizer = torch.optim.SGD(relation.parameters(), lr=0.1)
     x, y = client.data.x_train[:6], client.data.y_train[:6]
     before = _snapshot(model)
-    client.relation_step(model, relation, optimizer, x, y, torch.unique(y), torch.randn(len(torch.unique(y)), 256))
+    client.relation_step(model, relation, optimizer, x, y, torch.unique(y),
+                         torch.randn(len(torch.unique(y)), 256, device=client.env.device))
     assert _same(before, _snapshot(model)) and model.training
 
 
@@ -314,7 +315,7 @@ def test_lambda_zero_makes_body_and_head_independent_of_the_global_features(tmp_
     assert not _same(model_c, model_d)  # with the regulariser on, G moves the body
 
 
-def test_uploaded_features_equal_the_brute_force_class_means(tmp_path, inprocess):
+def test_uploaded_features_equal_the_brute_force_class_means(tmp_path, inprocess, device):
     hook, log = _spy()
     summary, grid = inprocess(faults=hook, **PFEDPM)
     cfg = Config.from_run_config(small_config(tmp_path, **PFEDPM))
@@ -323,15 +324,15 @@ def test_uploaded_features_equal_the_brute_force_class_means(tmp_path, inprocess
         pid = int(reply.content.metric_records[wire.METRICS][wire.PARTITION_ID])
         ids, feats, counts = wire.unpack_class_features(reply.content.array_records[wire.CLASS_FEATURES])
         state = grid.contexts[msg.metadata.dst_node_id].state
-        model = build_model("protocnn", (1, 8, 8), 10)
+        model = build_model("protocnn", (1, 8, 8), 10).to(device)
         model.load_state_dict(wire.torch_arrays(state.array_records["model"]))
         model.eval()
-        data = load_client_data(cfg, pid, 3, torch.device("cpu"))
+        data = load_client_data(cfg, pid, 3, device)
         own = np.flatnonzero(data.train_label_counts)
         assert np.array_equal(ids, own) and np.array_equal(counts, data.train_label_counts[own])
         for j, feature in zip(ids, feats):
             with torch.no_grad():
-                per_sample = [model.features(x[None])[0].double().numpy()
+                per_sample = [wire.to_host(model.features(x[None])[0].double())
                               for x, y in zip(data.x_train, data.y_train) if int(y) == j]
             np.testing.assert_allclose(feature, np.mean(per_sample, axis=0), rtol=1e-5, atol=1e-6)
 

@@ -322,22 +322,24 @@ def test_the_relation_step_is_one_sgd_step_on_the_mse_to_the_one_hot_comparison(
     """Target 1 where the sample's label is the candidate's class, else 0; the loss is plain MSE over samples and
     candidates; the step lowers it on the same batch and leaves the body alone."""
     client = _client(FAST)
+    dev = client.env.device
     model = client.load_model().train()
     torch.manual_seed(0)
-    relation = RelationModule(D)
+    relation = RelationModule(D).to(dev)
     x, y = client.data.x_train[:8], client.data.y_train[:8]
-    ids = torch.tensor(sorted({*torch.unique(y).tolist(), 9 - int(y.max())}))[:3]
-    mixed = torch.randn(3, D)
+    ids = torch.tensor(sorted({*torch.unique(y).tolist(), 9 - int(y.max())}), device=dev)[:3]
+    mixed = torch.randn(3, D).to(dev)
     model.eval()
     with torch.no_grad():
         z = model.features(x)
     model.train()
-    probe = RelationModule(D)
+    probe = RelationModule(D).to(dev)
     probe.load_state_dict(relation.state_dict())
     probe.train()
     with torch.no_grad():
         scores = probe.scores(z, mixed)
-    target = torch.tensor([[1.0 if int(y[s]) == int(ids[j]) else 0.0 for j in range(3)] for s in range(8)])
+    target = torch.tensor([[1.0 if int(y[s]) == int(ids[j]) else 0.0 for j in range(3)] for s in range(8)],
+                          device=dev)
     assert target.sum() > 0  # the batch holds candidate classes
     expected = float(((scores - target) ** 2).mean())
     body = {k: v.clone() for k, v in model.state_dict().items()}
@@ -375,7 +377,7 @@ def _brute_force_means(model, client):
     out = {}
     with torch.no_grad():
         for j in torch.unique(client.data.y_train).tolist():
-            out[j] = model.features(client.data.x_train[client.data.y_train == j]).double().mean(0).numpy()
+            out[j] = wire.to_host(model.features(client.data.x_train[client.data.y_train == j]).double().mean(0))
     return out
 
 
@@ -410,7 +412,7 @@ def test_round_one_uploads_eq6_means_and_keeps_model_relation_optimisers_and_fea
         assert optimizer.param_groups[0]["lr"] == 0.05 and optimizer.param_groups[0]["momentum"] == 0.5
         assert len(saved) == len(list(module.parameters())) > 0
         for idx, p in enumerate(module.parameters()):
-            assert np.array_equal(optimizer.state[p]["momentum_buffer"].numpy(), saved[f"{idx}/momentum_buffer"])
+            assert np.array_equal(wire.to_host(optimizer.state[p]["momentum_buffer"]), saved[f"{idx}/momentum_buffer"])
 
 
 def test_round_two_mixes_the_stored_local_features_with_the_received_ones_and_regularises():
@@ -451,7 +453,7 @@ def test_the_body_head_loss_is_ce_plus_lambda_times_the_configured_regulariser(r
     client = _client({**FAST, "pfedpm.reg": reg, "pfedpm.lambda": 0.3})
     model = client.load_model().train()
     x, y = client.data.x_train[:10], client.data.y_train[:10]
-    table = torch.randn(10, D)
+    table = torch.randn(10, D).to(client.env.device)
     log = []
     torch.manual_seed(5)
     got = client.body_head_loss(table, log)(model, x, y)
@@ -477,16 +479,16 @@ def test_a_second_round_starts_from_the_kept_model_and_relation(monkeypatch):
     original_train, original_step = PFedPMClient.train, PFedPMClient.relation_step
 
     def buffers(module, optimizer):  # the momentum buffers the first step of this round starts from
-        return {f"{i}/momentum_buffer": optimizer.state[p]["momentum_buffer"].clone().numpy()
+        return {f"{i}/momentum_buffer": wire.to_host(optimizer.state[p]["momentum_buffer"].clone())
                 for i, p in enumerate(module.parameters()) if p in optimizer.state}
 
     def train(self, model, **kwargs):
-        seen.setdefault(MODEL, {k: v.detach().clone().numpy() for k, v in model.state_dict().items()})
+        seen.setdefault(MODEL, {k: wire.to_host(v.detach().clone()) for k, v in model.state_dict().items()})
         seen.setdefault(OPTIMIZER, buffers(model, kwargs["optimizer"]))
         return original_train(self, model, **kwargs)
 
     def relation_step(self, model, relation, optimizer, *args):
-        seen.setdefault(RELATION, {k: v.detach().clone().numpy() for k, v in relation.state_dict().items()})
+        seen.setdefault(RELATION, {k: wire.to_host(v.detach().clone()) for k, v in relation.state_dict().items()})
         seen.setdefault(RELATION_OPTIMIZER, buffers(relation, optimizer))
         return original_step(self, model, relation, optimizer, *args)
 
@@ -507,7 +509,7 @@ def test_the_relation_module_starts_from_its_own_seed_without_touching_the_globa
     assert torch.equal(torch.rand(1), expected_next)  # the global stream is untouched
     with torch.random.fork_rng(devices=[]):
         seed_torch(3 * 1000 + RELATION_SEED_TAG)
-        reference = RelationModule(D)
+        reference = RelationModule(D).to(client.env.device)
     assert all(torch.equal(a, b) for a, b in zip(relation.state_dict().values(), reference.state_dict().values()))
 
 
@@ -521,7 +523,7 @@ def test_heterogeneous_clients_get_their_width_and_a_common_seeded_init():
 
 
 def _state_of(module: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().clone().numpy() for k, v in module.state_dict().items()}
+    return {k: wire.to_host(v.detach().clone()) for k, v in module.state_dict().items()}
 
 
 def _equal_states(a: dict, b: dict) -> bool:
@@ -645,7 +647,7 @@ def test_global_features_are_read_only_when_the_flag_says_so():
 def _relation_predictions(client, state):
     model = client.load_model(MODEL).eval()
     relation = client.load_relation(D).eval()
-    ids, feats = (torch.tensor(a) for a in _stored(state, MIXED_FEATURES))
+    ids, feats = (wire.to_device(a, client.env.device) for a in _stored(state, MIXED_FEATURES))
     with torch.no_grad():
         h = model.features(client.data.x_test)
         scores = relation.scores(h, feats)
@@ -669,7 +671,7 @@ def test_evaluation_scores_the_kept_head_and_the_relation_module_on_the_kept_mix
     assert result.loss == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
     assert result.loss != pytest.approx(float(fresh), rel=1e-3)
     assert result.metrics == {RELATION_ACC: pytest.approx(float((pred == y).double().mean()))}
-    worst = int((torch.tensor(_stored(state, MIXED_FEATURES)[0])[scores.argmin(1)] == y).sum())
+    worst = int((wire.to_device(_stored(state, MIXED_FEATURES)[0], y.device)[scores.argmin(1)] == y).sum())
     assert worst != int((pred == y).sum())  # argmax, not argmin, is the prediction
     monkeypatch.setattr(client_module, "MAX_PAIR_VALUES", 3 * D * 10)  # scored in chunks of 3 samples
     assert _client(FAST, state, server_round=2).evaluate(RecordDict()).metrics == result.metrics

@@ -31,7 +31,7 @@ def repo(tmp_path, monkeypatch):
 
 
 def test_compare_refuses_to_write_docs_from_a_dirty_tree(repo, capsys):
-    from server_app.compare import main
+    from runner.compare import main
 
     preset = repo / "p.toml"  # untracked: a dirty tree
     preset.write_text('[compare]\nmethods = ["local"]\nseeds = [0]\nsupernodes = 2\nengine = "inprocess"\n'
@@ -53,7 +53,7 @@ def test_compare_refuses_to_write_docs_from_a_dirty_tree(repo, capsys):
 
 
 def test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits():
-    from server_app.compare import made_line
+    from runner.compare import made_line
 
     made = {"command": "python -m server_app.compare conf/x.toml --reuse --seeds 0,1", "commit": "abc1234",
             "commits": {"abc1234": ["fedavg-s0", "fedavg-s1"], "0def567": ["local-s0"]}, "dirty": True}
@@ -86,7 +86,7 @@ def _preset(out: Path, methods=("fedavg", "local"), seeds=(0, 1)) -> dict:
 
 
 def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monkeypatch, capsys):
-    from server_app.compare import run_all
+    from runner.compare import run_all
 
     out = tmp_path / "cmp"
     run_all(_preset(out, ("local",), (0,)), ROOT)
@@ -108,7 +108,7 @@ def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monk
 
 
 def _recomputed_table(folder: Path) -> str:
-    from server_app.compare import _footer_failures, entries, render_table, table_rows
+    from runner.compare import _footer_failures, entries, render_table, table_rows
 
     preset = json.loads((folder / "preset.json").read_text())
     rows = table_rows(entries(preset), run_data.summaries(folder), preset)
@@ -116,7 +116,7 @@ def _recomputed_table(folder: Path) -> str:
 
 
 def test_a_table_recomputes_from_its_per_run_data(tmp_path):
-    from server_app.compare import run_all
+    from runner.compare import run_all
 
     out = run_all(_preset(tmp_path / "cmp"), ROOT)
     assert _recomputed_table(out) == (out / "table.md").read_text()

@@ -20,6 +20,7 @@ from fedcore.models import model_facts
 from fedstrategies import cfl_math, fesem_math, pairwise
 from fedstrategies.base import ClientReply
 from fedstrategies.fedamp_math import fedamp_weights, heurfedamp_weights
+from tests.conftest import test_device
 
 RNG = np.random.default_rng(0)
 
@@ -268,7 +269,8 @@ def _env(tmp_path, method, state=None, server_round=1, **run):
     from clients.base import ClientEnv
 
     cfg = Config.from_run_config({"method": method, "dataset": "digits", "partition": "pathological", "model": "mlr",
-                                  "results-dir": str(tmp_path), "momentum": 0.0, "weight-decay": 0.0, **run})
+                                  "results-dir": str(tmp_path), "momentum": 0.0, "weight-decay": 0.0,
+                                  "device": test_device(), **run})
     return ClientEnv(cfg, 0, 3, RecordDict() if state is None else state, server_round,
                      {wire.SERVER_ROUND: server_round, wire.PHASE: "train"})
 
@@ -307,8 +309,9 @@ def test_fedamp_client_step_is_the_gradient_of_ce_plus_lambda_over_2_alpha_times
     sent = _arrays_of(records[wire.WEIGHTS])
     kept = wire.unpack_arrays(state.array_records[MODEL])
     for name, value in expected.items():
-        assert np.allclose(sent[name], value.numpy(), atol=1e-6) and np.allclose(kept[name], value.numpy(), atol=1e-6)
-    dist = sum(float(((torch.as_tensor(sent[n]) - c) ** 2).sum()) for (n, _), c in zip(w.named_parameters(), u))
+        assert np.allclose(sent[name], wire.to_host(value), atol=1e-6) and np.allclose(kept[name], wire.to_host(value), atol=1e-6)
+    dist = sum(float(((wire.to_device(sent[n], c.device) - c) ** 2).sum())
+               for (n, _), c in zip(w.named_parameters(), u))
     assert metrics[wire.METHOD_METRIC_PREFIX + DIST_TO_CLOUD] == pytest.approx(dist, rel=1e-5)
 
 
@@ -575,7 +578,7 @@ def test_fesem_client_lambda_adds_the_proximal_pull_to_the_centre(tmp_path):
         centre = _random_model(client, 5)
         records, _ = client.fit(RecordDict({wire.WEIGHTS: wire.pack_arrays(centre.state_dict())}))
         sent = _arrays_of(records[wire.WEIGHTS])
-        moved.append(sum(float(((torch.as_tensor(sent[n]) - p.detach()) ** 2).sum())
+        moved.append(sum(float(((wire.to_device(sent[n], p.device) - p.detach()) ** 2).sum())
                          for n, p in centre.named_parameters()))
     assert moved[1] < 0.5 * moved[0]
 

@@ -158,7 +158,8 @@ def test_fedgh_client_trains_under_the_global_head_uploads_lars_and_keeps_only_i
     head = {"weight": rng.standard_normal((C, initial.feature_dim)).astype(np.float32),
             "bias": rng.standard_normal(C).astype(np.float32)}
     content = RecordDict({GLOBAL_HEAD: wire.pack_arrays(head)})
-    assert torch.equal(client.model_with_global_head(content).head.weight, torch.from_numpy(head["weight"]))
+    assert torch.equal(client.model_with_global_head(content).head.weight,
+                       wire.to_device(head["weight"], client.env.device))
     # one SGD step on the whole batch from (initial extractor, received head) = what fit does
     n = client.data.num_train
     client.cfg = client.env.cfg = _cfg(tmp_path, "fedgh", **{"local-steps": 1, "batch-size": 10 * n})
@@ -176,7 +177,7 @@ def test_fedgh_client_trains_under_the_global_head_uploads_lars_and_keeps_only_i
     x, y = client.data.x_train, client.data.y_train
     with torch.no_grad():
         expected = torch.stack([trained.eval().body(x[y == j]).mean(0) for j in ids])
-    assert np.allclose(feats, expected.numpy(), atol=1e-6) and counts.tolist() == [int((y == j).sum()) for j in ids]
+    assert np.allclose(feats, wire.to_host(expected), atol=1e-6) and counts.tolist() == [int((y == j).sum()) for j in ids]
     assert list(records) == [wire.CLASS_FEATURES]
     # next round: the kept extractor, under the new global head (its own trained head is discarded)
     later = _client(FedGHClient, tmp_path, "fedgh", state=client.env.state, server_round=2)
@@ -196,7 +197,7 @@ def test_fedrod_balanced_softmax_equals_its_formula_on_three_classes():
     y = torch.tensor([0, 1, 2])
     counts = torch.tensor([6, 2, 1])
     n = np.array([6.0, 2.0, 1.0])
-    z = logits.detach().numpy().astype(np.float64)
+    z = wire.to_host(logits).astype(np.float64)
     by_hand = np.mean([-math.log(n[t] * math.exp(z[i, t]) / sum(n[c] * math.exp(z[i, c]) for c in range(3)))
                        for i, t in enumerate(y.tolist())])
     loss = balanced_softmax_loss(logits, y, counts)
@@ -204,9 +205,9 @@ def test_fedrod_balanced_softmax_equals_its_formula_on_three_classes():
     # the gradient: (q - e_y) / B with q_c proportional to n_c e^{g_c}
     q = n * np.exp(z)
     q /= q.sum(1, keepdims=True)
-    q[np.arange(3), y.numpy()] -= 1
+    q[np.arange(3), wire.to_host(y)] -= 1
     (grad,) = torch.autograd.grad(loss, logits)
-    assert np.allclose(grad.numpy(), q / 3, atol=1e-6)
+    assert np.allclose(wire.to_host(grad), q / 3, atol=1e-6)
     # equal counts: plain cross-entropy; a missing class: finite loss, zero gradient on its logit
     assert float(balanced_softmax_loss(logits, y, torch.tensor([4, 4, 4]))) == pytest.approx(
         float(F.cross_entropy(logits, y)), rel=1e-6)
@@ -226,7 +227,7 @@ def test_fedrod_one_step_is_bsm_on_the_generic_model_and_ce_of_summed_logits_on_
     generic = client.new_model()
     with torch.no_grad():  # a generic model and personal head unlike the initial ones
         for p in generic.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(p.device))
     personal = client.new_model().head
     with torch.no_grad():
         personal.bias.copy_(torch.arange(C, dtype=torch.float32) / 10)
@@ -236,7 +237,7 @@ def test_fedrod_one_step_is_bsm_on_the_generic_model_and_ce_of_summed_logits_on_
     generic.train()
     z = generic.features(x)
     g = generic.head(z)
-    counts = torch.as_tensor(client.data.train_label_counts)
+    counts = torch.as_tensor(client.data.train_label_counts, device=client.env.device)
     gen_loss = F.cross_entropy(g + counts.float().log(), y) if generic_loss == "bsm" else F.cross_entropy(g, y)
     gen_grads = torch.autograd.grad(gen_loss, list(generic.parameters()))
     own = F.cross_entropy(g.detach() + personal(z.detach()), y)
@@ -245,7 +246,7 @@ def test_fedrod_one_step_is_bsm_on_the_generic_model_and_ce_of_summed_logits_on_
     up = wire.unpack_arrays(records[wire.WEIGHTS])
     assert set(up) == set(generic.state_dict())  # the whole generic model goes up, no personal head
     for (name, p), gr in zip(generic.named_parameters(), gen_grads):
-        assert np.allclose(up[name], (p.detach() - 0.05 * gr).numpy(), atol=1e-6), name
+        assert np.allclose(up[name], wire.to_host((p.detach() - 0.05 * gr)), atol=1e-6), name
     kept = client.personal_head()
     for (name, p), gr in zip(personal.named_parameters(), own_grads):
         assert torch.allclose(kept.state_dict()[name], p.detach() - 0.05 * gr, atol=1e-6), name
@@ -273,8 +274,8 @@ def test_fedrod_evaluates_the_summed_logits_and_reports_the_generic_model_alone(
     with torch.no_grad():
         s = generic.eval().head(generic.body(client.data.x_test)) + personal(generic.body(client.data.x_test))
     assert result.loss == pytest.approx(float(F.cross_entropy(s, y)), rel=1e-5)
-    assert torch.equal(generic_logits(generic, torch.ones(2, generic.feature_dim)),
-                       generic.head(torch.ones(2, generic.feature_dim)))
+    ones = torch.ones(2, generic.feature_dim, device=client.env.device)
+    assert torch.equal(generic_logits(generic, ones), generic.head(ones))
     # a client with one test sample: its generic accuracy is 0 or 1
     one = dataclasses.replace(client.data, x_test=client.data.x_test[:1], y_test=client.data.y_test[:1])
     client.data = client.env.data = one
@@ -314,18 +315,18 @@ def test_gpfl_conditional_valve_written_out_in_numpy():
             ln.bias.uniform_(-0.2, 0.2)
     f = torch.randn(3, 4)
     c = torch.randn(4)
-    out = cov(f, c).detach().numpy().astype(np.float64)
+    out = wire.to_host(cov(f, c)).astype(np.float64)
 
     def branch(seq):
         lin, ln = seq[0], seq[2]
-        h = np.maximum(lin.weight.detach().numpy() @ c.numpy() + lin.bias.detach().numpy(), 0.0).astype(np.float64)
+        h = np.maximum(wire.to_host(lin.weight) @ wire.to_host(c) + wire.to_host(lin.bias), 0.0).astype(np.float64)
         h = (h - h.mean()) / np.sqrt(h.var() + ln.eps)
-        return h * ln.weight.detach().numpy() + ln.bias.detach().numpy()
+        return h * wire.to_host(ln.weight) + wire.to_host(ln.bias)
 
-    expected = np.maximum(f.numpy() * (branch(cov.gamma) + 1) + branch(cov.beta), 0.0)
+    expected = np.maximum(wire.to_host(f) * (branch(cov.gamma) + 1) + branch(cov.beta), 0.0)
     assert np.allclose(out, expected, atol=1e-5)
     # the personalised and the global routes differ only by their conditional input
-    assert not np.allclose(cov(f, c).detach().numpy(), cov(f, -c).detach().numpy())
+    assert not np.allclose(wire.to_host(cov(f, c)), wire.to_host(cov(f, -c)))
 
 
 def test_gpfl_angle_and_magnitude_guidance_equal_their_formulas():
@@ -344,7 +345,7 @@ def test_gpfl_angle_and_magnitude_guidance_equal_their_formulas():
 def _gpfl_content(client, seed=0):
     """A received global model: the seeded initial body and GCE/CoV seeded by ``seed``."""
     model = client.new_model()
-    weights = {k: v.numpy() for k, v in model.state_dict().items() if k.startswith("body.")}
+    weights = {k: wire.to_host(v) for k, v in model.state_dict().items() if k.startswith("body.")}
     modules = initial_module_weights(model.feature_dim, C, seed)
     return RecordDict({wire.WEIGHTS: wire.pack_arrays({**weights, **modules})}), weights, modules
 
@@ -357,11 +358,11 @@ def test_gpfl_one_step_is_sgd_on_the_three_losses_with_weight_decay_mu_on_gce_an
     client.hp = client.env.hp = client.cfg.hparams()
     content, body, mods = _gpfl_content(client)
     model = client.new_model()
-    modules = GPFLModules(model.feature_dim, C)
+    modules = GPFLModules(model.feature_dim, C).to(client.env.device)
     modules.load_state_dict({k: torch.from_numpy(v) for k, v in mods.items()})
     x, y = client.data.x_train, client.data.y_train
     w0 = modules.gce.weight.detach().clone()
-    counts = torch.as_tensor(client.data.train_label_counts).float()
+    counts = torch.as_tensor(client.data.train_label_counts, device=client.env.device).float()
     g, p = w0.mean(0), (counts / counts.sum()) @ w0
     model.train()
     f = model.features(x)
@@ -378,7 +379,7 @@ def test_gpfl_one_step_is_sgd_on_the_three_losses_with_weight_decay_mu_on_gce_an
     for (name, q), gr in zip(params, grads):
         decay = 0.2 * q.detach() if name.startswith(("gce.", "cov.")) else 0.0
         expected = q.detach() - 0.05 * (gr + decay)
-        got = torch.from_numpy(np.array(up[name])) if name in up else kept.state_dict()[name]
+        got = wire.to_device(up[name], client.env.device) if name in up else kept.state_dict()[name]
         assert torch.allclose(got, expected, atol=1e-5), name
     assert not torch.equal(kept.head.weight, model.head.weight)  # the personal head trained and was kept
     assert metrics[wire.TRAIN_LOSS] == pytest.approx(float(ce + angle + magnitude), rel=1e-5)
@@ -391,16 +392,17 @@ def test_gpfl_evaluates_its_personal_head_on_the_personalised_route(tmp_path):
     content, body, mods = _gpfl_content(client, seed=3)
     personal = client.new_model()
     with torch.no_grad():
-        personal.head.weight.normal_(generator=torch.Generator().manual_seed(1))
+        personal.head.weight.copy_(torch.randn(personal.head.weight.shape,
+                                               generator=torch.Generator().manual_seed(1)))
         for q in personal.body.parameters():  # a stale body in state: the received global one must be used
             q.zero_()
     client.save_model(personal)
     result = client.evaluate(content)
     model = client.new_model()
     model.load_state_dict({k: torch.from_numpy(v) for k, v in body.items()}, strict=False)
-    modules = GPFLModules(model.feature_dim, C)
+    modules = GPFLModules(model.feature_dim, C).to(client.env.device)
     modules.load_state_dict({k: torch.from_numpy(v) for k, v in mods.items()})
-    counts = torch.as_tensor(client.data.train_label_counts).float()
+    counts = torch.as_tensor(client.data.train_label_counts, device=client.env.device).float()
     p = (counts / counts.sum()) @ modules.gce.weight
     with torch.no_grad():
         logits = personal.head(modules.cov(model.eval().body(client.data.x_test), p))
@@ -414,8 +416,8 @@ def test_gpfl_frozen_embeddings_and_conditional_inputs_do_not_follow_the_gce_bei
     content, _, mods = _gpfl_content(client)
     _, modules = client.received(content)
     frozen, g, p = client.conditions(modules)
-    w = torch.from_numpy(mods["gce.weight"])
-    counts = torch.as_tensor(client.data.train_label_counts).float()
+    w = wire.to_device(mods["gce.weight"], client.env.device)
+    counts = torch.as_tensor(client.data.train_label_counts, device=client.env.device).float()
     assert torch.equal(frozen, w) and torch.allclose(g, w.mean(0)) and torch.allclose(p, counts @ w / counts.sum())
     with torch.no_grad():
         modules.gce.weight.add_(1.0)  # a training step on the GCE
@@ -425,7 +427,7 @@ def test_gpfl_frozen_embeddings_and_conditional_inputs_do_not_follow_the_gce_bei
 def test_gpfl_client_refuses_tensors_it_does_not_have_and_modules_do_not_touch_the_global_rng(tmp_path):
     client = _client(GPFLClient, tmp_path, "gpfl")
     content, body, mods = _gpfl_content(client)
-    head = {k: v.numpy() for k, v in client.new_model().state_dict().items() if k.startswith("head.")}
+    head = {k: wire.to_host(v) for k, v in client.new_model().state_dict().items() if k.startswith("head.")}
     with pytest.raises(ValueError, match="head.weight"):
         client.received(RecordDict({wire.WEIGHTS: wire.pack_arrays({**body, **mods, **head})}))
     state = torch.get_rng_state()

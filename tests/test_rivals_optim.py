@@ -33,7 +33,7 @@ from fedstrategies.fednova import FedNovaStrategy, normalized_average
 from fedstrategies.l2gd import L2GDStrategy, averaging_pull, round_schedule
 from fedstrategies.per_fedavg import PerFedAvgStrategy
 from fedstrategies.pfedme import PFedMeStrategy, beta_mix
-from tests.conftest import small_config
+from tests.conftest import small_config, test_device
 
 C = 10
 
@@ -83,7 +83,8 @@ def _vector(model) -> torch.Tensor:
 
 
 def _received(weights) -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(np.array(v)) for k, v in wire.unpack_arrays(weights).items()}
+    """The uploaded tensors on the session's device, beside the client's own."""
+    return {k: wire.to_device(v, test_device()) for k, v in wire.unpack_arrays(weights).items()}
 
 
 # quadratics f_b(w) = 1/2 w'A_b w - b_b'w, one per batch index: a second route with explicit Hessians

@@ -156,7 +156,7 @@ def test_tracker_names_are_checked():
 @pytest.mark.long
 def test_tensorboard_serves_the_event_files_on_loopback(tracked_run):
     """``tensorboard --logdir`` on a run folder: its index page answers and it lists the run's scalars."""
-    from server_app.flower_cli import free_port
+    from runner.flower_cli import free_port
 
     folder, _ = tracked_run
     port = free_port()

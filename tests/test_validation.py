@@ -43,7 +43,7 @@ def test_validation_comes_from_the_training_pool_and_leaves_train_and_test_disjo
         assert len(s.val) == max(1, int(0.1 * len(before.train)))
 
 
-def test_clients_train_without_their_validation_samples(tmp_path, monkeypatch):
+def test_clients_train_without_their_validation_samples(tmp_path, monkeypatch, device):
     from clients import base, partition_cache
 
     monkeypatch.setenv(partition_cache.CACHE_ENV, str(tmp_path / "cache"))
@@ -52,10 +52,10 @@ def test_clients_train_without_their_validation_samples(tmp_path, monkeypatch):
     split = build_splits(ds, "pathological", 3, 0, cfg.partition_params())[1]
     for _ in range(2):  # computed, then read from the partition cache
         base._client_data.cache_clear()
-        data = base.load_client_data(cfg, 1, 3, torch.device("cpu"))
-        assert torch.equal(data.x_train, torch.as_tensor(ds.x[split.train]))
-        assert torch.equal(data.x_val, torch.as_tensor(ds.x[split.val]))
-        assert torch.equal(data.y_test, torch.as_tensor(ds.y[split.test]))
+        data = base.load_client_data(cfg, 1, 3, device)
+        assert torch.equal(data.x_train, torch.as_tensor(ds.x[split.train], device=device))
+        assert torch.equal(data.x_val, torch.as_tensor(ds.x[split.val], device=device))
+        assert torch.equal(data.y_test, torch.as_tensor(ds.y[split.test], device=device))
         assert data.num_val == len(split.val) > 0
 
 
