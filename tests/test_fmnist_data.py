@@ -140,3 +140,60 @@ def test_the_real_debian_package(monkeypatch):
     assert ds.x.shape == (70_000, 1, 28, 28) and (np.bincount(ds.y) == 7_000).all()
     assert ds.y[:4].tolist() == [9, 0, 0, 3]  # the first training labels, as on the hub
     assert abs(float(ds.x.mean())) < 0.01 and abs(float(ds.x.std()) - 1) < 0.01  # its own mean/std
+
+
+# ---------------------------------------------------------------- the papers' Fashion-MNIST presets
+FMNIST_PRESETS = ("fedmcsa-fmnist-mlr", "fedmcsa-fmnist-dnn", "fedfcd-fmnist-pathological", "fedfcd-fmnist-dirichlet",
+                  "mupfl-paper/fmnist-if10-a0.5", "mupfl-paper/fmnist-if100-a0.5", "pfedpm-fmnist-n4",
+                  "fedsac-fmnist-dir-high")
+
+
+@pytest.mark.parametrize("name", FMNIST_PRESETS)
+def test_fmnist_presets_are_valid_and_state_their_cost(name):
+    from pathlib import Path
+
+    from fedcore.config import Config
+    from server_app.compare import entries, load_preset
+
+    path = Path(__file__).resolve().parents[1] / "conf" / f"{name}.toml"
+    preset = load_preset(path)
+    run = preset["run-config"]
+    assert run["dataset"] == "fmnist" and preset["compare"]["output"].startswith("docs/results/")
+    assert len(preset["compare"]["seeds"]) >= 3 and run["val-fraction"] > 0
+    for entry in entries(preset):
+        cfg = Config.from_run_config({**run, **entry.config, "method": entry.method})
+        assert cfg["dataset"] == "fmnist" and cfg["model"] == run["model"]  # one model for every row
+    assert "COST" in path.read_text().split("[compare]")[0]  # the header names its measured cost
+
+
+def test_fmnist_presets_are_the_papers_settings():
+    """The settings the papers state for their Fashion-MNIST tables (FedMCSA Sec. 5.1, FedFCD Sec. 4.1, MuPFL
+    Sec. 4.1), and every method of each table."""
+    import tomllib
+    from pathlib import Path
+
+    load = lambda n: tomllib.loads((Path(__file__).resolve().parents[1] / "conf" / f"{n}.toml").read_text())  # noqa
+    for model in ("mlr", "dnn"):
+        p = load(f"fedmcsa-fmnist-{model}")
+        r = p["run-config"]
+        assert (p["compare"]["supernodes"], r["partition"], r["local-steps"], r["batch-size"], r["lr"],
+                r["num-server-rounds"], r["model"]) == (20, "pairs", 20, 20, 0.02, 800, model)
+        assert p["method-config"]["fedmcsa"]["fedmcsa.clients-per-round"] == 10
+        assert {p["method-config"][m]["fraction-train"] for m in ("fedavg", "fedprox", "per-fedavg", "pfedme")} == {0.5}
+        assert set(p["paper"]["values"]) <= set(p["compare"]["methods"]) and {"local", "fedavg+mcsa"} <= set(
+            p["compare"]["methods"]) and len(p["paper"]["values"]) == 8
+    for part in ("pathological", "dirichlet"):
+        p = load(f"fedfcd-fmnist-{part}")
+        assert set(p["paper"]["values"]) | {"local", "fedper", "fedrep", "fedrod"} == set(p["compare"]["methods"])
+        assert (p["compare"]["supernodes"], p["run-config"]["fraction-train"], p["run-config"]["model"],
+                p["method-config"]["fedfcd"]["fedfcd.lambda"]) == (20, 1.0, "dnn", 1.0)
+    for imb in (10, 100):
+        p = load(f"mupfl-paper/fmnist-if{imb}-a0.5")
+        r = p["run-config"]
+        assert (p["compare"]["supernodes"], r["fraction-train"], r["model"], r["longtail-dirichlet.alpha"],
+                r["longtail-dirichlet.imbalance-factor"], r["num-server-rounds"]) == (50, 0.2, "mupflcnn", 0.5, imb, 40)
+        assert set(p["paper"]["values"]) == {"fedavg", "fedprox", "fednova", "ditto", "fedrep", "creff", "mupfl"}
+        assert set(p["paper"]["values"]) <= set(p["compare"]["methods"])
+    assert len(load("mupfl-paper/fmnist-if10-a0.5")["compare"]["methods"]) == 13  # + Table VI's six ablations
+    assert load("pfedpm-fmnist-n4")["run-config"]["pfedpm-nk.n"] == 4
+    assert load("fedsac-fmnist-dir-high")["run-config"]["dirichlet.alpha"] == 0.1
