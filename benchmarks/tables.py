@@ -1,8 +1,9 @@
 """Rebuild every comparison table in docs/results from its preset (``make tables``), then refresh the copies of those
 tables in README.md and docs/ (``make readme``).
 
-A preset is a conf/*.toml whose ``[compare].output`` lies under docs/results. Presets on data that is neither
-embedded nor cached here (CIFAR, FEMNIST, ... need a download) are listed as skipped, with the reason. Runs that
+A preset is a conf/**/*.toml whose ``[compare].output`` lies under docs/results. Presets on data this machine cannot
+load (CIFAR, FEMNIST, ... need a download; Fashion-MNIST needs ``make data``) are listed as skipped, with the reason;
+``--list`` also says which tables were never run. Runs that
 finished earlier with the same config are reused (``--reuse``), so a rebuild cut off part way goes on where it
 stopped (only while their source hash and config still match). From a clean tree only (``--allow-dirty`` to
 try things). The other tables in docs/results come from their own benchmarks (``make bench-server``, ``make bench-sim``,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,7 +57,8 @@ class Preset:
 
     @property
     def name(self) -> str:
-        return self.path.stem
+        """conf/<name>.toml; a preset in a sub-folder of conf/ is named <folder>/<stem>."""
+        return self.path.stem if self.path.parent.name == "conf" else f"{self.path.parent.name}/{self.path.stem}"
 
     @property
     def builder(self) -> str:
@@ -66,7 +69,7 @@ class Preset:
 def presets(root: Path = ROOT) -> list[Preset]:
     """Every preset whose table lands in docs/results, in file-name order."""
     found = []
-    for path in sorted((root / "conf").glob("*.toml")):
+    for path in sorted((root / "conf").glob("**/*.toml")):
         data = tomllib.loads(path.read_text())
         compare = data.get("compare", {})
         output = compare.get("output", "")
@@ -80,13 +83,26 @@ def presets(root: Path = ROOT) -> list[Preset]:
 
 
 def available(preset: Preset, data_dir: Path | None = None) -> bool:
-    """Whether its data is here: embedded, generated, or a download already in the dataset cache."""
+    """Whether its data loads here without a download: embedded, generated, installed (Debian's package) or
+    already in the dataset cache."""
     if preset.dataset in OFFLINE_DATASETS:
         return True
-    from partitions.datasets import DEFAULT_DATA_DIR
+    from partitions.datasets import DatasetUnavailable, check_available
 
-    cache = Path(data_dir or DEFAULT_DATA_DIR)
-    return any(cache.glob(f"{preset.dataset}*.npz"))
+    try:
+        where = check_available(preset.dataset, str(data_dir or ""))
+    except DatasetUnavailable:
+        return False
+    return not where.startswith("the hub")  # a download is not run by a table rebuild
+
+
+def stamp(preset: Preset) -> str:
+    """'not yet run', or the commit line of the table.md that its last build wrote."""
+    table = ROOT / preset.output / "table.md"
+    if not table.exists():
+        return "not yet run"
+    made = re.search(r"at commit `([^`]+)`", table.read_text())
+    return f"table.md of commit {made.group(1)}" if made else "table.md present"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [w for w in args.only.split(",") if w]
     chosen = [p for p in presets() if not wanted or any(w in p.name for w in wanted)]
     for p in chosen:
-        state = "ready" if available(p) else f"skipped: {p.dataset} is not embedded and not downloaded here"
+        state = (f"ready, {stamp(p)}" if available(p)
+                 else f"skipped: {p.dataset} is not embedded, installed or downloaded here")
         print(f"{p.name:40s} {p.runs:4d} runs  -> {p.output}  ({state}; {p.builder})")
     if args.list:
         return 0

@@ -187,18 +187,32 @@ class MuPFLClient(ClientMethod):
         self.save_model(model, MODEL)
         return upload, metrics
 
-    def evaluate(self, content):
+    def evaluation_model(self, content):
         """The client's latest post-training model; a client that never trained takes the global
-        model with its PKCF head (mupfl.md 6). BAVD masks apply per ``bavd-at-eval``."""
+        model with its PKCF head (mupfl.md 6)."""
         model = self.new_model()
         if not self.env.load_module(MODEL, model):
             model = self.model_from(content, wire.WEIGHTS)
             if self.pkcf_active():
                 self.pretrain_head(model, content, EVAL_PKCF_TAG)
+        return model
+
+    def evaluate(self, content):
+        return self.evaluate_splits(content)[0]
+
+    def evaluate_splits(self, content):
+        """Test and validation scores of one evaluation model. The base builds it once per split; here the
+        PKCF head pre-training of a client that never trained (tau epochs, seeded by its tag, so both builds
+        were the same model) runs once: it was most of an evaluation round. BAVD masks apply per
+        ``bavd-at-eval``."""
+        model = self.evaluation_model(content)
         bavd = (BAVD.from_state(self.env, model, self.hp["psi-sign"])
                 if self.hp["bavd"] and self.hp["bavd-at-eval"] else None)
+        data = self.data
         try:
-            return EvalResult(*evaluate_model(model, self.data.x_test, self.data.y_test))
+            test = EvalResult(*evaluate_model(model, data.x_test, data.y_test))
+            val = EvalResult(*evaluate_model(model, data.x_val, data.y_val)) if data.num_val else None
         finally:
             if bavd is not None:
                 bavd.remove()
+        return test, val

@@ -235,6 +235,18 @@ def parse_fault_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def check_data(cfg: Mapping[str, Any]) -> str:
+    """Where the run's dataset will load from on this machine, or ConfigError naming every way to get
+    it. For runs whose clients share this machine (simulation, in process): a deployment's data lives
+    on its SuperNodes, which refuse for themselves."""
+    from partitions.datasets import DatasetUnavailable, check_available
+
+    try:
+        return check_available(cfg["dataset"], cfg["data-dir"])
+    except DatasetUnavailable as err:
+        raise ConfigError(str(err)) from None
+
+
 class Config(Mapping):
     """A validated run config: every key present, typed and in range."""
 

@@ -12,7 +12,10 @@ partition stores raw indices:
   FEMNIST on the hub has only a ``train`` split; its ``groups`` are writer ids coded as the
   rank of ``writer_id`` in sorted order.
 
-Downloadable datasets are looked up in ``data_dir`` (default ``~/.cache/pfl-flower``), in order:
+Downloadable datasets with a Debian package (``fmnist``: ``apt-get install dataset-fashion-mnist``)
+are read first from its gzipped IDX files under ``/usr/share/datasets/<dir>/`` (``PFL_DEBIAN_DATASETS``
+names another root), offline and without a cache copy; the hub's Fashion-MNIST was made from the same
+files, in the same order. Otherwise they are looked up in ``data_dir`` (default ``~/.cache/pfl-flower``), in order:
 ``<data_dir>/<name>.npz`` (our compact cache: x uint8 (N,C,H,W), y, groups), then parquet files
 in the Hugging Face layout ``<data_dir>/<name>/{train,test}*.parquet``, then the hub. After the
 first load from parquet or the hub the npz cache is written. We read the hub with ``datasets``
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import gzip
 import io
 import os
 import socket
@@ -192,6 +196,57 @@ _HUB = {
 }
 _SPLITS = ("train", "test")
 
+# Debian packages of datasets: name -> (folder under the root, package); their files are IDX, gzipped
+DEBIAN_ROOT_ENV = "PFL_DEBIAN_DATASETS"
+DEBIAN_ROOT = "/usr/share/datasets"
+_DEBIAN = {"fmnist": ("fashion-mnist", "dataset-fashion-mnist")}
+_IDX_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+              "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+# IDX type codes (third byte of the magic number) -> big-endian numpy types
+_IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str) -> np.ndarray:
+    """One IDX file (``.gz`` or plain) as a native-endian array of its declared shape.
+
+    IDX: two zero bytes, a type code, the number of dimensions, then each dimension as a big-endian
+    uint32, then the values, big-endian, in C order. A wrong magic or length is a ValueError naming the file."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES or raw[3] == 0:
+        raise ValueError(f"{path}: not an IDX file (magic bytes {raw[:4].hex() or 'missing'})")
+    ndim, dtype = raw[3], np.dtype(_IDX_TYPES[raw[2]])
+    if len(raw) < 4 + 4 * ndim:
+        raise ValueError(f"{path}: IDX header declares {ndim} dimensions but the file ends after {len(raw)} bytes")
+    dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, offset=4))
+    expected = 4 + 4 * ndim + int(np.prod(dims)) * dtype.itemsize
+    if len(raw) != expected:
+        raise ValueError(f"{path}: IDX shape {dims} of {dtype.itemsize}-byte values needs {expected} bytes, "
+                         f"the file has {len(raw)}")
+    return np.frombuffer(raw, dtype, offset=4 + 4 * ndim).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def debian_dir(name: str) -> str | None:
+    """The folder of ``name``'s Debian package if all its IDX files are there, else None."""
+    if name not in _DEBIAN:
+        return None
+    folder = os.path.join(os.environ.get(DEBIAN_ROOT_ENV) or DEBIAN_ROOT, _DEBIAN[name][0])
+    files = [os.path.join(folder, f) for pair in _IDX_FILES.values() for f in pair]
+    return folder if all(os.path.isfile(f) for f in files) else None
+
+
+def _read_debian(name: str, folder: str) -> tuple[np.ndarray, np.ndarray, None]:
+    """The package's train then test IDX files -> uint8 (N, 1, H, W), int64 labels."""
+    xs, ys = [], []
+    for images, labels in _IDX_FILES.values():
+        x, y = read_idx(os.path.join(folder, images)), read_idx(os.path.join(folder, labels))
+        if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
+            raise ValueError(f"{name}: {images} has shape {x.shape} and {labels} {y.shape}; expected (N, H, W) "
+                             f"images and N labels")
+        xs.append(x.astype(np.uint8)[:, None])
+        ys.append(y.astype(np.int64))
+    return np.concatenate(xs), np.concatenate(ys), None
+
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """Quick connect to the hub host, bounded even when DNS hangs (runs in a daemon thread)."""
@@ -233,6 +288,30 @@ def _decode_split(ds, spec: _Hub, name: str) -> tuple[np.ndarray, np.ndarray, li
     return x, y, groups
 
 
+def _hub_unavailable() -> str:
+    """Why the hub cannot be used now ('' when it can): HF_HUB_OFFLINE, or no connection in ~3 s."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    return "" if _hub_reachable() else "huggingface.co cannot be reached"
+
+
+def _unavailable_message(name: str, data_dir: str, why: str) -> str:
+    """Every way to provide ``name``, at once: its Debian package (where one exists), the hub, local files."""
+    spec = _HUB[name]
+    ways = []
+    if name in _DEBIAN:
+        folder, package = _DEBIAN[name]
+        root = os.environ.get(DEBIAN_ROOT_ENV) or DEBIAN_ROOT
+        ways.append(f"install Debian's package offline: `apt-get install {package}` (or `make data`; it puts "
+                    f"gzipped IDX files in {os.path.join(root, folder)}, read with no download)")
+    ways.append(f"run once with network access to the Hugging Face hub (it downloads {spec.hub_id} and "
+                f"writes the npz)")
+    ways.append(f"copy the hub's parquet files (e.g. datasets' Dataset.to_parquet) to "
+                f"{os.path.join(data_dir, name, 'train*.parquet')} (and test*.parquet)")
+    return (f"dataset '{name}' is not cached and {why}. Expected {os.path.join(data_dir, name + '.npz')} or "
+            f"parquet files. To provide it: " + "; or ".join(ways) + "; or point the run-config key data-dir at another folder.")
+
+
 def _fetch(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Parquet files or the hub -> merged raw arrays (train then test)."""
     import datasets
@@ -244,16 +323,9 @@ def _fetch(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
     if files:
         dd = datasets.load_dataset("parquet", data_files=files, cache_dir=cache_dir)
     else:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-        if offline or not _hub_reachable():
-            why = "HF_HUB_OFFLINE is set" if offline else "huggingface.co cannot be reached"
-            raise DatasetUnavailable(
-                f"dataset '{name}' is not cached and {why}. Expected either "
-                f"{os.path.join(data_dir, name + '.npz')} or parquet files "
-                f"{os.path.join(data_dir, name, 'train*.parquet')} (and test*.parquet). To provide it, "
-                f"run once with network access (it downloads {spec.hub_id} and writes the npz), or "
-                f"copy the hub's parquet files (e.g. datasets' Dataset.to_parquet) there; "
-                f"pass another directory with data_dir.")
+        reason = _hub_unavailable()
+        if reason:
+            raise DatasetUnavailable(_unavailable_message(name, data_dir, reason))
         dd = datasets.load_dataset(spec.hub_id, cache_dir=cache_dir)
     parts = [_decode_split(dd[s], spec, name) for s in _SPLITS if s in dd]
     if not parts:
@@ -284,7 +356,11 @@ def _npz_cached(path: str, produce) -> tuple[np.ndarray, np.ndarray, np.ndarray 
 
 
 def _download_raw(name: str, data_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """npz cache if present, else fetch once and write it (the Dataset is cached in _load_cached)."""
+    """The Debian package's files if installed, else the npz cache if present, else fetch once and
+    write it (the Dataset is cached in _load_cached)."""
+    folder = debian_dir(name)
+    if folder is not None:
+        return _read_debian(name, folder)
     return _npz_cached(os.path.join(data_dir, f"{name}.npz"), lambda: _fetch(name, data_dir))
 
 
@@ -338,3 +414,26 @@ def load_dataset(name: str, *, num_clients: int, seed: int, data_dir: str = "",
     else:
         key = (0, 0, "", ())
     return _load_cached(name, *key, normalize)
+
+
+def check_available(name: str, data_dir: str = "") -> str:
+    """Say where ``name`` would load from, or raise DatasetUnavailable naming every way to get it.
+
+    Fast (file checks, and at most one ~3 s connection probe): a run refuses a dataset it cannot load
+    before its federation starts, not in every client after it did."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(DATASETS)}")
+    if DATASETS[name].kind != "download":
+        return DATASETS[name].kind
+    data_dir = os.path.abspath(os.path.expanduser(data_dir or DEFAULT_DATA_DIR))
+    folder = debian_dir(name)
+    if folder is not None:
+        return f"Debian package files in {folder}"
+    if os.path.exists(os.path.join(data_dir, f"{name}.npz")):
+        return f"cache {os.path.join(data_dir, name + '.npz')}"
+    if glob.glob(os.path.join(data_dir, name, "train*.parquet")) or glob.glob(os.path.join(data_dir, name, "test*.parquet")):
+        return f"parquet files in {os.path.join(data_dir, name)}"
+    reason = _hub_unavailable()
+    if reason:
+        raise DatasetUnavailable(_unavailable_message(name, data_dir, reason))
+    return f"the hub ({_HUB[name].hub_id})"

@@ -404,11 +404,12 @@ def check_config(run_config: dict, app_dir: Path) -> dict:
     """Validate a run config (pyproject defaults + overrides) and its results folder before any
     process starts; raises ConfigError / RunFolderError with the key or folder named. The schema is
     built from the plain method declarations: no torch or Flower import before the start."""
-    from fedcore.config import Config
+    from fedcore.config import Config, check_data
     from server_app.results import run_folder
 
     cfg = Config.from_run_config({**pyproject_run_config(app_dir), **run_config})
     run_folder(cfg)
+    check_data(cfg)  # a dataset this machine cannot load is refused now, not in every client later
     return cfg
 
 

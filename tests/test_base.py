@@ -232,6 +232,31 @@ def test_epochs_budget_equals_the_old_epoch_loop():
     assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
+def test_plain_sgd_fast_path_takes_torch_optims_steps_exactly():
+    """train_loop steps a plain SGD itself (one foreach op, no torch.optim wrapper): the same parameters, bit for
+    bit, as torch.optim's step; an SGD with momentum, weight decay or hooks keeps torch.optim's own step."""
+    from clients.training import plain_sgd_groups, train_loop
+
+    def trained(hook: bool, **sgd):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        head, body = list(model[2].parameters()), list(model[0].parameters())
+        opts = [torch.optim.SGD(body, lr=0.05, **sgd), torch.optim.SGD(head, lr=0.2, **sgd)]  # two groups, two lrs
+        if hook:  # any hook sends the step back to torch.optim
+            for opt in opts:
+                opt.register_step_pre_hook(lambda *a: None)
+        assert (plain_sgd_groups(opts[0]) is None) == (hook or bool(sgd))
+        x, y = torch.randn(37, 6, generator=torch.Generator().manual_seed(1)), torch.arange(37) % 3
+        train_loop(model, x, y, batch_size=5, optimizer=opts, generator=torch.Generator().manual_seed(2), epochs=3)
+        assert all(p.grad is None for p in model.parameters()) or hook or sgd
+        return [p.detach().clone() for p in model.parameters()]
+
+    fast, reference = trained(False), trained(True)
+    assert all(torch.equal(a, b) for a, b in zip(fast, reference))
+    assert not all(torch.equal(a, b) for a, b in zip(trained(False, momentum=0.9), reference))
+    assert plain_sgd_groups(torch.optim.Adam(torch.nn.Linear(2, 2).parameters())) is None
+
+
 # ------------------------------------------------------------------ 6. seeds and order
 def test_message_seeds_differ_by_client_round_and_phase():
     from clients.base import message_seed

@@ -335,7 +335,9 @@ def test_12_defaults_match_the_paper():
     assert len(paper) == 10  # 3 datasets x 2 splits (Table 1) + 4 partial-participation settings (Table 2)
     for name, preset in paper.items():
         run = preset["run-config"]
-        assert run["num-server-rounds"] == 500 and run["lr"] == 0.01 and run.get("dirichlet.alpha", 0.1) == 0.1
+        # the paper's T = 500; Fashion-MNIST's tables, the ones run on CPU, are cut to what 8 CPU-hours allow (#46)
+        rounds = 200 if run["dataset"] == "fmnist" else 500
+        assert run["num-server-rounds"] == rounds and run["lr"] == 0.01 and run.get("dirichlet.alpha", 0.1) == 0.1
         lam = 1.0 if run["dataset"] == "fmnist" else 5.0
         assert preset["method-config"]["fedfcd"]["fedfcd.lambda"] == lam, name
         assert all(v["fedfcd.lambda"] == lam for v in preset.get("variants", {}).values()), name

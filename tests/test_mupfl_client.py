@@ -16,7 +16,7 @@ from tests.conftest import test_device
 M, TAU = 3, 2  # features per class and pre-training epochs: small, every stage still runs
 
 
-def _client(state=None, server_round=2, has_features=True, **hp):
+def _client(state=None, server_round=2, has_features=True, val_fraction=0.0, **hp):
     from flwr.app import RecordDict
 
     from clients.base import ClientEnv
@@ -26,7 +26,7 @@ def _client(state=None, server_round=2, has_features=True, **hp):
     hp = {"features-per-class": M, "head-epochs": TAU, **hp}
     cfg = Config.from_run_config({"method": "mupfl", "dataset": "digits", "partition": "iid", "model": "mupflcnn",
                                   "batch-size": 32, "lr": 0.05, "local-epochs": 1, "client-threads": 1,
-                                  "device": test_device(),
+                                  "device": test_device(), "val-fraction": val_fraction,
                                   **{f"mupfl.{k}": v for k, v in hp.items()}})
     env = ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict() if state is None else state,
                     server_round=server_round, config={"server-round": server_round, "phase": "train",
@@ -201,6 +201,25 @@ def test_evaluation_scores_the_stored_model_and_a_new_client_the_global_model_wi
     assert (got.loss, got.correct) == (pytest.approx(loss), correct)
     # and the stored model is not the global one: the two evaluations differ
     assert client.evaluate(content).loss != pytest.approx(got.loss)
+
+
+def test_validation_and_test_scores_come_from_one_pkcf_pretraining_and_equal_the_per_split_builds():
+    """A client that never trained pre-trains the PKCF head once per evaluation, not once per split; the
+    scores are those of the base's two builds (test, then validation from the same random state)."""
+    from clients.base import ClientMethod
+    from clients.mupfl import MuPFLClient
+
+    client = _client(bavd=False, val_fraction=0.2)
+    assert client.data.num_val > 0
+    content, _ = _content(client)
+    calls = []
+    client.pretrain_head = lambda *a, _f=client.pretrain_head: calls.append(1) or _f(*a)
+    test, val = client.evaluate_splits(content)
+    assert len(calls) == 1
+    base_test, base_val = ClientMethod.evaluate_splits(_client(bavd=False, val_fraction=0.2), content)
+    assert (test.loss, test.correct, val.loss, val.correct) == (base_test.loss, base_test.correct, base_val.loss,
+                                                                base_val.correct)
+    assert isinstance(client, MuPFLClient) and _client(bavd=False).evaluate_splits(content)[1] is None
 
 
 def test_evaluation_applies_the_stored_bavd_masks_only_with_bavd_at_eval():
