@@ -19,7 +19,7 @@ from fedcore.contracts.fedamp import CLOUD, DIST_TO_CLOUD
 from fedcore.models import model_facts
 from fedstrategies import cfl_math, fesem_math, pairwise
 from fedstrategies.base import ClientReply
-from fedstrategies.fedamp_math import fedamp_weights, heurfedamp_weights
+from fedstrategies.fedamp_math import attention_spread, fedamp_weights, heurfedamp_weights, median_scale
 
 RNG = np.random.default_rng(0)
 
@@ -162,12 +162,67 @@ def test_fedamp_self_weight_goes_negative_when_alpha_k_m_over_sigma_exceeds_one(
     assert np.allclose(np.diag(xi), -2.0) and np.allclose(xi.sum(1), 1.0)
 
 
-def test_fedamp_defaults_keep_every_self_weight_non_negative_up_to_101_clients():
-    from fedstrategies.fedamp import HPARAMS
+def test_fedamp_fixed_sigma_100_keeps_every_self_weight_non_negative_up_to_101_clients():
+    assert np.all(np.diag(fedamp_weights(np.zeros((101, 101)), 1.0, 100.0)) >= -1e-12)
+    assert np.any(np.diag(fedamp_weights(np.zeros((102, 102)), 1.0, 100.0)) < 0)
 
-    alpha, sigma = HPARAMS["alpha-k"].default, HPARAMS["sigma"].default
-    assert np.all(np.diag(fedamp_weights(np.zeros((101, 101)), alpha, sigma)) >= -1e-12)
-    assert np.any(np.diag(fedamp_weights(np.zeros((102, 102)), alpha, sigma)) < 0)
+
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 1e4])
+def test_fedamp_median_scale_keeps_self_weights_in_0_1_at_any_distance_scale(scale):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((30, 5)) * scale
+    d = ((x[:, None] - x[None]) ** 2).sum(-1)
+    sigma, step = median_scale(d, 1.0)
+    assert sigma == pytest.approx(np.median(d[~np.eye(30, dtype=bool)]))
+    xi = fedamp_weights(d, step, sigma)
+    assert np.allclose(xi.sum(1), 1.0) and np.all(np.diag(xi) >= 0) and np.all(np.diag(xi) < 1)
+    assert np.allclose(xi[~np.eye(30, dtype=bool)], (np.exp(-d / sigma) / 29)[~np.eye(30, dtype=bool)])
+    assert median_scale(np.zeros((4, 4)), 1.0) == (0.0, 1.0)  # one model everywhere
+    d2 = np.zeros((4, 4))
+    d2[0, 1] = d2[1, 0] = 2.0  # two clients never uploaded (distance 0): the median is over the others
+    assert median_scale(d2, 0.5)[0] == 2.0
+
+
+def test_attention_spread_is_0_for_a_uniform_mix_and_grows_with_the_contrast():
+    assert attention_spread(np.full((5, 5), 0.2)) == 0.0
+    assert attention_spread(np.eye(2)) == 0.0
+    xi = np.array([[0.4, 0.5, 0.1], [0.3, 0.4, 0.3], [0.2, 0.2, 0.6]])
+    off = np.array([[0.5, 0.1], [0.3, 0.3], [0.2, 0.2]])
+    assert attention_spread(xi) == pytest.approx(np.mean(off.std(1) / off.mean(1)))
+
+
+def _two_clusters(s, per=5, seed=0):
+    """2 x ``per`` clients drawn from two clusters at the scale of real runs: each model is the common
+    initial one plus a shared drift, its cluster's direction and its own noise (squared distances
+    about 0.1 within a cluster and 0.6 across, raw-parameter cosines above 0.9)."""
+    rng = np.random.default_rng(seed)
+    size = sum(v.size for v in s.initial_weights.values())
+    unit = lambda: (v := rng.standard_normal(size)) / np.linalg.norm(v)  # noqa: E731
+    drift, centres = 0.5 * unit(), [0.5 * unit(), 0.5 * unit()]
+    return [_shifted(s.initial_weights, drift + centres[i // per] + 0.2 * unit()) for i in range(2 * per)]
+
+
+@pytest.mark.parametrize("method, old", [("fedamp", {"sigma": 100.0}),
+                                         ("heurfedamp", {"sigma": 1.0, "self-weight": 0.5, "similarity": "weights"})])
+def test_fedamp_attention_at_the_defaults_tells_two_clusters_apart(method, old):
+    """The defining feature: at the defaults a client's cloud model leans on its own cluster (weights
+    within more than twice those across, spread logged as m_attention-spread); the old defaults (FedAMP's
+    sigma = 100, HeurFedAMP's raw-parameter cosines at sigma 1) give a near-uniform mix here."""
+    spreads = {}
+    for name, hp in (("default", {}), ("old", old)):
+        s = _strategy(method, n=10, **hp)
+        _messages(s, 1)
+        states = _two_clusters(s)
+        metrics = s.aggregate(1, [_reply(s, pid, states[pid]) for pid in range(10)])
+        assert metrics is not None
+        xi = s.attention([s.model_of(pid) for pid in range(10)])
+        same = np.equal.outer(np.arange(10) // 5, np.arange(10) // 5) & ~np.eye(10, dtype=bool)
+        ratio = xi[same].mean() / xi[~np.equal.outer(np.arange(10) // 5, np.arange(10) // 5)].mean()
+        s.begin_round(2, list(range(10)))
+        spreads[name] = (ratio, s._metrics["attention-spread"])
+        assert np.allclose(xi.sum(1), 1.0) and np.all(np.diag(xi) >= 0)
+    assert spreads["default"][0] > 2.0 and spreads["default"][1] > 0.3, spreads
+    assert spreads["old"][0] < 1.1 and spreads["old"][1] < 0.05, spreads
 
 
 def test_heurfedamp_weights_fix_the_self_weight_and_softmax_the_cosines_of_the_others():
@@ -242,9 +297,12 @@ def test_fedamp_sends_each_client_the_mix_of_the_latest_models_by_its_attention_
     d = np.array([[np.sum((a - b) ** 2) for b in flats] for a in flats])
     if method == "fedamp":
         xi = fedamp_weights(d, 2.0, 50.0)
-    else:
-        cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) for b in flats] for a in flats])
-        xi = heurfedamp_weights(cos, 1.0, 0.5)
+    else:  # cosines of the updates from the initial model (client 3's is 0: cosine 0 with everyone)
+        f0 = _flat(s.initial_weights)
+        ups = [f - f0 for f in flats]
+        cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) if a.any() and b.any() else 0.0 for b in ups]
+                        for a in ups])
+        xi = heurfedamp_weights(cos, 10.0, 0.3)
     for i in range(4):
         expected = sum(xi[i, j] * flats[j] for j in range(4))
         assert np.allclose(_flat(_arrays(msgs[i], CLOUD)), expected, atol=1e-5)
@@ -664,7 +722,8 @@ def test_fedamp_reports_self_weights_and_saves_the_last_rounds_attention():
     assert np.allclose(s.round_matrices["attention"], xi, atol=1e-6)
     assert s.round_matrices["attention-pids"].tolist() == [0, 1, 2]
     metrics = s.aggregate(2, [_reply(s, 0, s.initial_weights)])
-    assert metrics == pytest.approx({"self-weight": np.diag(xi).mean(), "self-weight-min": np.diag(xi).min()}, rel=1e-5)
+    assert metrics == pytest.approx({"self-weight": np.diag(xi).mean(), "self-weight-min": np.diag(xi).min(),
+                                     "attention-spread": attention_spread(xi)}, rel=1e-5)
 
 
 def test_cfl_uses_the_configured_linkage_and_the_absent_join_the_larger_part_and_clusters_split_together():
