@@ -522,6 +522,49 @@ def test_cfl_splits_recursively_and_uniform_weighting_is_the_plain_mean():
     assert all(np.array_equal(_flat(_arrays(a[p], wire.WEIGHTS)), _flat(_arrays(b[p], wire.WEIGHTS))) for p in a)
 
 
+def _cfl_federation(s, optima, rounds, step=0.3, noise=0.005, seed=0):
+    """Clients that each run local gradient descent on 0.5 ||w - c_i||^2 from their cluster's model
+    (dtheta_i = step (c_i - theta) + noise), ``rounds`` rounds of ``s``; the rounds' metrics."""
+    rng = np.random.default_rng(seed)
+    base = _flat(s.initial_weights)
+    out = []
+    for rnd in range(1, rounds + 1):
+        replies = []
+        for pid, c in enumerate(optima):
+            theta = _flat(s.cluster_models[s.cluster_of(pid)])
+            update = step * (c - theta) + noise * rng.standard_normal(len(c))
+            replies.append(_reply(s, pid, _shifted(s.initial_weights, theta - base + update)))
+        out.append(s.aggregate(rnd, replies))
+    return out
+
+
+@pytest.mark.parametrize("clustered", [True, False])
+def test_cfl_defaults_split_two_built_clusters_after_the_warmup_and_leave_one_population_whole(clustered):
+    """The defining feature at the default thresholds: 8 clients whose optima form two clusters (a shared
+    part of norm 2, +-1 apart along a cluster direction; update norms 0.3-0.7, the scale of real runs)
+    are split into exactly those two right after the 20 warm-up rounds; one population (optima 0.1
+    apart) is not split. The authors' absolute eps1 = 0.4 / eps2 = 1.6 never split at this scale."""
+    rng = np.random.default_rng(5)
+    size = sum(v.size for v in _strategy("cfl", n=8).initial_weights.values())
+    unit = lambda: (v := rng.standard_normal(size)) / np.linalg.norm(v)  # noqa: E731
+    shared, direction = 2.0 * unit(), unit()
+    base = _flat(_strategy("cfl", n=8).initial_weights)
+    sign = [1, 1, 1, 1, -1, -1, -1, -1] if clustered else [0] * 8
+    optima = [base + shared + sign[i] * direction + 0.05 * unit() for i in range(8)]
+    s = _strategy("cfl", n=8, rounds=30)
+    metrics = _cfl_federation(s, optima, 30)
+    scale = s.update_scale["sum"] / s.update_scale["rounds"]
+    assert s.update_scale["rounds"] == 20 and metrics[-1]["eps1"] == pytest.approx(0.15 * scale)
+    assert metrics[-1]["eps2"] == pytest.approx(0.6 * scale)
+    if clustered:
+        assert [r["round"] for r in s.splits] == [21] and s.clusters == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    else:
+        assert not s.splits and s.clusters == [list(range(8))]
+    absolute = _strategy("cfl", n=8, rounds=30, thresholds="absolute", eps1=0.4, eps2=1.6)
+    _cfl_federation(absolute, optima, 30)
+    assert not absolute.splits
+
+
 def test_cfl_rejects_an_unknown_linkage_in_the_config():
     with pytest.raises(ConfigError, match="cfl.linkage"):
         Config.from_run_config({"method": "cfl", "cfl.linkage": "ward"})
