@@ -210,7 +210,10 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
              f"read), seed {spec.get('seeds', [0])[0]}, {tuning_budget(preset)} of the preset's "
              f"{preset.get('run-config', {}).get('num-server-rounds', '?')} rounds, once per method for the "
              f"`{family(preset.get('run-config', {}))}` family (`{family_file.name}`; every preset of the family "
-             "reuses the choice). Rows not listed have no hyperparameter of their own to tune.", ""]
+             "reuses the choice). Rows without a grid have no hyperparameter of their own to tune.", ""]
+    untuned = [e.method for e in rows if settings(e.method) and e.method not in records]
+    if untuned:
+        lines += [f"Not tuned yet (they run at their defaults until `--methods` names them): {', '.join(untuned)}.", ""]
     for e in rows:
         rec = records.get(e.method)
         if rec is None:

@@ -129,6 +129,7 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     assert "fedprox.mu" not in rows["fedavg"]
     report = (tmp_path / "out" / "tuning.md").read_text()
     assert "## fedprox" in report and "tuned by this command" in report and "chosen" in report
+    assert "Not tuned yet" not in report
     assert f"{100 * vals[0]:.2f}" in report and "**weight-decay** differs between rows" in report
     assert (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
     # once per family: a second call (another preset of the family would do the same) reuses it
