@@ -565,6 +565,25 @@ def test_cfl_defaults_split_two_built_clusters_after_the_warmup_and_leave_one_po
     assert not absolute.splits
 
 
+def test_cfl_update_scale_is_the_mean_of_the_warmup_rounds_largest_update_norm():
+    """R averages round 1..max(1, warm-up)'s largest update norm (round 1 alone without warm-up); relative
+    thresholds are eps times R, absolute ones the configured values."""
+    s = _strategy("cfl", n=6, **{"warmup-rounds": 0, "eps1": 0.0})
+    size = sum(v.size for v in s.initial_weights.values())
+    ups = _two_group_updates(size, scale=2.0)
+    m1 = s.aggregate(1, [_reply(s, pid, _shifted(s.initial_weights, u)) for pid, u in enumerate(ups)])
+    assert s.update_scale == {"sum": pytest.approx(m1["max-norm"]), "rounds": 1}
+    theta = s.cluster_models[0]
+    s.aggregate(2, [_reply(s, pid, _shifted(theta, 0.5 * u)) for pid, u in enumerate(ups)])
+    assert s.update_scale["rounds"] == 1  # after the warm-up R stays
+    assert s.thresholds() == (0.0, pytest.approx(0.6 * m1["max-norm"]))
+    a = _strategy("cfl", n=6, thresholds="absolute", eps1=0.4, eps2=1.6, **{"warmup-rounds": 2})
+    metrics = a.aggregate(1, [_reply(a, pid, _shifted(a.initial_weights, u)) for pid, u in enumerate(ups)])
+    assert (metrics["eps1"], metrics["eps2"]) == (0.4, 1.6) and a.update_scale["rounds"] == 1
+    a.aggregate(2, [_reply(a, pid, _shifted(a.cluster_models[0], u)) for pid, u in enumerate(ups)])
+    assert a.update_scale["rounds"] == 2
+
+
 def test_cfl_rejects_an_unknown_linkage_in_the_config():
     with pytest.raises(ConfigError, match="cfl.linkage"):
         Config.from_run_config({"method": "cfl", "cfl.linkage": "ward"})
@@ -795,6 +814,10 @@ def test_cfl_uses_the_configured_linkage_and_the_absent_join_the_larger_part_and
     ups = _two_group_updates(size) * 2
     metrics = s.aggregate(1, [_reply(s, pid, _shifted(s.initial_weights, u)) for pid, u in enumerate(ups)])
     assert metrics["splits"] == 2 and s.clusters == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert len(s.cluster_models) == 4  # one model per part, in the parts' order
+    for c, members in enumerate(s.clusters):
+        expected = _flat(s.initial_weights) + np.mean([ups[p] for p in members], axis=0)
+        assert np.allclose(_flat(s.cluster_models[c]), expected, atol=1e-5)
 
 
 def test_server_time_merge_keeps_old_rows_and_names_each_rows_command_and_commit(tmp_path):
