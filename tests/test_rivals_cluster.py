@@ -191,6 +191,30 @@ def test_attention_spread_is_0_for_a_uniform_mix_and_grows_with_the_contrast():
     assert attention_spread(xi) == pytest.approx(np.mean(off.std(1) / off.mean(1)))
 
 
+def test_attention_spread_and_median_scale_edge_cases():
+    # a client that keeps all of its own model has no weight on the others: its row counts 0, not NaN
+    xi = np.array([[1.0, 0.0, 0.0], [0.2, 0.4, 0.4], [0.1, 0.3, 0.6]])
+    with np.errstate(all="raise"):
+        assert attention_spread(xi) == pytest.approx((0.0 + 0.1 / 0.3 + 0.1 / 0.2) / 3)
+    assert median_scale(np.zeros((1, 1)), 0.7) == (0.0, 0.7)
+    assert median_scale(np.array([[0.0, 3.0], [3.0, 0.0]]), 0.5) == (3.0, 1.5)  # two clients: m - 1 = 1
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.5])
+def test_fedamp_round_one_and_a_fixed_sigma_below_one(sigma):
+    """Round 1 (one model everywhere) at the default sigma sends that model (no 0/0); a fixed sigma, even
+    below 1, is used as given."""
+    s = _strategy("fedamp", n=3, sigma=sigma)
+    for msg in _messages(s, 1).values():
+        assert all(np.allclose(v, s.initial_weights[k]) for k, v in _arrays(msg, CLOUD).items())
+    size = sum(v.size for v in s.initial_weights.values())
+    states = [_shifted(s.initial_weights, 0.1 * RNG.standard_normal(size)) for _ in range(3)]
+    s.aggregate(1, [_reply(s, p, states[p]) for p in range(3)])
+    d = pairwise.squared_distances(states)
+    expected = fedamp_weights(d, *median_scale(d, 1.0)[::-1]) if sigma == 0 else fedamp_weights(d, 1.0, sigma)
+    assert np.allclose(s.attention(states), expected)
+
+
 def _two_clusters(s, per=5, seed=0):
     """2 x ``per`` clients drawn from two clusters at the scale of real runs: each model is the common
     initial one plus a shared drift, its cluster's direction and its own noise (squared distances
