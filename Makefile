@@ -65,10 +65,15 @@ bench: $(STAMP)
 	$(BIN)/python -m server_app.compare $(PRESET)
 
 # one paper preset by name (conf/<P>.toml), reusing the runs it already finished: make paper P=fedsac-mnist5k-iid
-.PHONY: paper tables
+.PHONY: paper tune tables
 paper: $(STAMP)
 	@test -n "$(P)" || (echo "usage: make paper P=<preset>, one of:"; ls conf | sed -n 's/\.toml$$//p'; exit 2)
 	$(BIN)/python -m server_app.compare conf/$(P).toml --reuse
+
+# the tuning protocol (issue #45): each method's own hyperparameters chosen on validation, once per data family
+tune: $(STAMP)
+	@test -n "$(P)" || (echo "usage: make tune P=<preset>, one of:"; ls conf | sed -n 's/\.toml$$//p'; exit 2)
+	$(BIN)/python -m benchmarks.tune conf/$(P).toml
 
 # every comparison table in docs/results rebuilt from its preset (hours on 2 cores; ONLY=name,name for some),
 # then README's and docs' copies refreshed; BENCHMARKS=1 also reruns the speed benchmarks' tables

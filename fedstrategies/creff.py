@@ -12,6 +12,13 @@ One round, as the authors' code (shangxinyi/CReFF-FL) runs it:
 - evaluation: the global body with the re-trained classifier, on each client's own test split.
 
 The FedAvg model keeps its own classifier for training; only evaluation and the gradients use the re-trained one.
+
+The matching defaults to Adam at 0.01, restarted each round (MuPFL's PKCF, the rule the comparison is about),
+not the authors' SGD at 0.1 (``match-optimizer = sgd``, ``match-lr = 0.1``): that step was set for d = 256,
+and the gradient on H shrinks as d grows, so at d = 3,136 (the 28 x 28 MuPFL CNN) 100 SGD steps move the
+round-1 matching loss from 0.916 to 0.893 and the classifier is re-trained on near-random features; Adam's
+step does not depend on the gradient's scale and takes it to below 0.001. SGD with its step scaled by
+d / 256 only restores the authors' own d = 256 reduction (0.70 of the loss).
 """
 
 from __future__ import annotations

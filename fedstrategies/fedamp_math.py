@@ -10,6 +10,9 @@ Round k, over the models w_1..w_m of the round's clients (the server's latest co
   1 - xi_ii, is shared by a softmax of sigma' cos(w_i, w_j) over j != i.
 
 The cloud model of client i is u_i = sum_j xi_ij w_j (``pairwise.mix``); each row sums to 1.
+
+``median_scale`` fits FedAMP's sigma to the run (the round's median distance) and ``attention_spread``
+measures how far a xi matrix is from a uniform mix (0: every other client weighs the same).
 """
 
 from __future__ import annotations
@@ -24,6 +27,37 @@ def fedamp_weights(sq_dist: np.ndarray, alpha_k: float, sigma: float) -> np.ndar
     np.fill_diagonal(xi, 0.0)
     np.fill_diagonal(xi, 1.0 - xi.sum(axis=1))
     return xi
+
+
+def median_scale(sq_dist: np.ndarray, alpha_k: float) -> tuple[float, float]:
+    """(sigma, alpha_k) fitted to the round: sigma = the median of the non-zero squared distances between
+    two clients (clients still at the shared initial model are at distance 0 from each other), and the step alpha_k (given as a fraction of the largest one) times sigma / (m - 1), the
+    largest step that keeps every self-weight xi_ii >= 0 at any distance. The attention then tells
+    near from far clients whatever the models' scale: xi_ij = alpha_k exp(-d_ij / sigma) / (m - 1).
+    (0, alpha_k) when every distance is 0 (round 1: one model everywhere, any mix is that model)."""
+    d = np.asarray(sq_dist, dtype=np.float64)
+    m = len(d)
+    if m < 2:
+        return 0.0, alpha_k
+    off = d[~np.eye(m, dtype=bool)]
+    off = off[off > 0]
+    if not off.size:
+        return 0.0, alpha_k
+    sigma = float(np.median(off))
+    return sigma, alpha_k * sigma / (m - 1)
+
+
+def attention_spread(xi: np.ndarray) -> float:
+    """How far the weights on the other clients are from uniform: the coefficient of variation (std /
+    mean) of each row's off-diagonal weights, averaged over the rows (0: a uniform mix; 0 for m <= 2)."""
+    xi = np.asarray(xi, dtype=np.float64)
+    m = len(xi)
+    if m <= 2:
+        return 0.0
+    off = xi[~np.eye(m, dtype=bool)].reshape(m, m - 1)
+    mean = off.mean(axis=1)
+    cv = np.divide(off.std(axis=1), mean, out=np.zeros(m), where=mean > 0)
+    return float(cv.mean())
 
 
 def heurfedamp_weights(cos: np.ndarray, sigma: float, self_weight: float) -> np.ndarray:

@@ -32,6 +32,9 @@ Preset format::
     jobs = 1                 # inprocess only: runs in parallel processes, one thread each
     target-acc = 0.9         # optional: a "rounds to 90%" column (first round each run reaches it)
 
+    tuned = "tuned/mnist5k-pathological.toml"   # optional, beside the preset: each method's hyperparameters
+                             # as chosen on validation by `python -m benchmarks.tune` (fedcore/tuning_grid.py)
+
     [run-config]             # shared run-config keys
     dataset = "mnist5k"
 
@@ -110,6 +113,10 @@ def load_preset(path: Path) -> dict:
     target = preset["compare"].get("target-acc")
     if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
         raise SystemExit(f"{path}: target-acc is an accuracy in (0, 1], got {target!r}")
+    if "tuned" in preset["compare"]:  # the tuning protocol's choices, under the preset's own options
+        from fedcore.tuning_grid import load_tuned
+
+        preset["tuned-config"] = load_tuned(Path(path).parent / preset["compare"]["tuned"])
     entries(preset)  # fail early on a bad variant
     check_paper_table(preset, str(path))
     return preset
@@ -131,7 +138,8 @@ def entries(preset: dict, labels: list[str] | None = None) -> list[Entry]:
             method = base.get("method", runs_of)
         else:
             method = variant.pop("method", label)
-        config = {**preset.get("method-config", {}).get(label, {}), **variant}
+        config = {**preset.get("tuned-config", {}).get(method, {}), **preset.get("method-config", {}).get(label, {}),
+                  **variant}
         out.append(Entry(label, method, config, runs_of, accuracy))
     return out
 

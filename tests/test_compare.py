@@ -224,7 +224,8 @@ def test_make_tables_rebuilds_a_grid_or_traffic_preset_with_its_own_builder():
         assert name in found, f"BUILDERS names {name}, which is no preset"
         assert found[name].builder == module and callable(importlib.import_module(module).main)
     for p in found.values():
-        extra = {f.name for f in (ROOT / p.output).glob("*.md")} - {"table.md"}
+        # tuning.md is benchmarks.tune's (issue #45), which a table rebuild leaves alone
+        extra = {f.name for f in (ROOT / p.output).glob("*.md")} - {"table.md", "tuning.md"}
         if "sweep" in tomllib.loads(p.path.read_text()) or extra:
             assert p.builder != "server_app.compare", f"{p.name} ({sorted(extra)}) needs a builder in BUILDERS"
     sweep = found["pfedpm-digits-sweep"]

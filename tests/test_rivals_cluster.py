@@ -19,7 +19,7 @@ from fedcore.methods.fedamp import CLOUD, DIST_TO_CLOUD
 from fedcore.models import model_facts
 from fedstrategies import cfl_math, fesem_math, pairwise
 from fedstrategies.base import ClientReply
-from fedstrategies.fedamp_math import fedamp_weights, heurfedamp_weights
+from fedstrategies.fedamp_math import attention_spread, fedamp_weights, heurfedamp_weights, median_scale
 from tests.conftest import test_device
 
 RNG = np.random.default_rng(0)
@@ -163,12 +163,91 @@ def test_fedamp_self_weight_goes_negative_when_alpha_k_m_over_sigma_exceeds_one(
     assert np.allclose(np.diag(xi), -2.0) and np.allclose(xi.sum(1), 1.0)
 
 
-def test_fedamp_defaults_keep_every_self_weight_non_negative_up_to_101_clients():
-    from fedcore.methods.fedamp import HPARAMS
+def test_fedamp_fixed_sigma_100_keeps_every_self_weight_non_negative_up_to_101_clients():
+    assert np.all(np.diag(fedamp_weights(np.zeros((101, 101)), 1.0, 100.0)) >= -1e-12)
+    assert np.any(np.diag(fedamp_weights(np.zeros((102, 102)), 1.0, 100.0)) < 0)
 
-    alpha, sigma = HPARAMS["alpha-k"].default, HPARAMS["sigma"].default
-    assert np.all(np.diag(fedamp_weights(np.zeros((101, 101)), alpha, sigma)) >= -1e-12)
-    assert np.any(np.diag(fedamp_weights(np.zeros((102, 102)), alpha, sigma)) < 0)
+
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 1e4])
+def test_fedamp_median_scale_keeps_self_weights_in_0_1_at_any_distance_scale(scale):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((30, 5)) * scale
+    d = ((x[:, None] - x[None]) ** 2).sum(-1)
+    sigma, step = median_scale(d, 1.0)
+    assert sigma == pytest.approx(np.median(d[~np.eye(30, dtype=bool)]))
+    xi = fedamp_weights(d, step, sigma)
+    assert np.allclose(xi.sum(1), 1.0) and np.all(np.diag(xi) >= 0) and np.all(np.diag(xi) < 1)
+    assert np.allclose(xi[~np.eye(30, dtype=bool)], (np.exp(-d / sigma) / 29)[~np.eye(30, dtype=bool)])
+    assert median_scale(np.zeros((4, 4)), 1.0) == (0.0, 1.0)  # one model everywhere
+    d2 = np.zeros((4, 4))
+    d2[0, 1] = d2[1, 0] = 2.0  # two clients never uploaded (distance 0): the median is over the others
+    assert median_scale(d2, 0.5)[0] == 2.0
+
+
+def test_attention_spread_is_0_for_a_uniform_mix_and_grows_with_the_contrast():
+    assert attention_spread(np.full((5, 5), 0.2)) == 0.0
+    assert attention_spread(np.eye(2)) == 0.0
+    xi = np.array([[0.4, 0.5, 0.1], [0.3, 0.4, 0.3], [0.2, 0.2, 0.6]])
+    off = np.array([[0.5, 0.1], [0.3, 0.3], [0.2, 0.2]])
+    assert attention_spread(xi) == pytest.approx(np.mean(off.std(1) / off.mean(1)))
+
+
+def test_attention_spread_and_median_scale_edge_cases():
+    # a client that keeps all of its own model has no weight on the others: its row counts 0, not NaN
+    xi = np.array([[1.0, 0.0, 0.0], [0.2, 0.4, 0.4], [0.1, 0.3, 0.6]])
+    with np.errstate(all="raise"):
+        assert attention_spread(xi) == pytest.approx((0.0 + 0.1 / 0.3 + 0.1 / 0.2) / 3)
+    assert median_scale(np.zeros((1, 1)), 0.7) == (0.0, 0.7)
+    assert median_scale(np.array([[0.0, 3.0], [3.0, 0.0]]), 0.5) == (3.0, 1.5)  # two clients: m - 1 = 1
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.5])
+def test_fedamp_round_one_and_a_fixed_sigma_below_one(sigma):
+    """Round 1 (one model everywhere) at the default sigma sends that model (no 0/0); a fixed sigma, even
+    below 1, is used as given."""
+    s = _strategy("fedamp", n=3, sigma=sigma)
+    for msg in _messages(s, 1).values():
+        assert all(np.allclose(v, s.initial_weights[k]) for k, v in _arrays(msg, CLOUD).items())
+    size = sum(v.size for v in s.initial_weights.values())
+    states = [_shifted(s.initial_weights, 0.1 * RNG.standard_normal(size)) for _ in range(3)]
+    s.aggregate(1, [_reply(s, p, states[p]) for p in range(3)])
+    d = pairwise.squared_distances(states)
+    expected = fedamp_weights(d, *median_scale(d, 1.0)[::-1]) if sigma == 0 else fedamp_weights(d, 1.0, sigma)
+    assert np.allclose(s.attention(states), expected)
+
+
+def _two_clusters(s, per=5, seed=0):
+    """2 x ``per`` clients drawn from two clusters at the scale of real runs: each model is the common
+    initial one plus a shared drift, its cluster's direction and its own noise (squared distances
+    about 0.1 within a cluster and 0.6 across, raw-parameter cosines above 0.9)."""
+    rng = np.random.default_rng(seed)
+    size = sum(v.size for v in s.initial_weights.values())
+    unit = lambda: (v := rng.standard_normal(size)) / np.linalg.norm(v)  # noqa: E731
+    drift, centres = 0.5 * unit(), [0.5 * unit(), 0.5 * unit()]
+    return [_shifted(s.initial_weights, drift + centres[i // per] + 0.2 * unit()) for i in range(2 * per)]
+
+
+@pytest.mark.parametrize("method, old", [("fedamp", {"sigma": 100.0}),
+                                         ("heurfedamp", {"sigma": 1.0, "self-weight": 0.5, "similarity": "weights"})])
+def test_fedamp_attention_at_the_defaults_tells_two_clusters_apart(method, old):
+    """The defining feature: at the defaults a client's cloud model leans on its own cluster (weights
+    within more than twice those across, spread logged as m_attention-spread); the old defaults (FedAMP's
+    sigma = 100, HeurFedAMP's raw-parameter cosines at sigma 1) give a near-uniform mix here."""
+    spreads = {}
+    for name, hp in (("default", {}), ("old", old)):
+        s = _strategy(method, n=10, **hp)
+        _messages(s, 1)
+        states = _two_clusters(s)
+        metrics = s.aggregate(1, [_reply(s, pid, states[pid]) for pid in range(10)])
+        assert metrics is not None
+        xi = s.attention([s.model_of(pid) for pid in range(10)])
+        same = np.equal.outer(np.arange(10) // 5, np.arange(10) // 5) & ~np.eye(10, dtype=bool)
+        ratio = xi[same].mean() / xi[~np.equal.outer(np.arange(10) // 5, np.arange(10) // 5)].mean()
+        s.begin_round(2, list(range(10)))
+        spreads[name] = (ratio, s._metrics["attention-spread"])
+        assert np.allclose(xi.sum(1), 1.0) and np.all(np.diag(xi) >= 0)
+    assert spreads["default"][0] > 2.0 and spreads["default"][1] > 0.3, spreads
+    assert spreads["old"][0] < 1.1 and spreads["old"][1] < 0.05, spreads
 
 
 def test_heurfedamp_weights_fix_the_self_weight_and_softmax_the_cosines_of_the_others():
@@ -243,9 +322,12 @@ def test_fedamp_sends_each_client_the_mix_of_the_latest_models_by_its_attention_
     d = np.array([[np.sum((a - b) ** 2) for b in flats] for a in flats])
     if method == "fedamp":
         xi = fedamp_weights(d, 2.0, 50.0)
-    else:
-        cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) for b in flats] for a in flats])
-        xi = heurfedamp_weights(cos, 1.0, 0.5)
+    else:  # cosines of the updates from the initial model (client 3's is 0: cosine 0 with everyone)
+        f0 = _flat(s.initial_weights)
+        ups = [f - f0 for f in flats]
+        cos = np.array([[a @ b / np.linalg.norm(a) / np.linalg.norm(b) if a.any() and b.any() else 0.0 for b in ups]
+                        for a in ups])
+        xi = heurfedamp_weights(cos, 10.0, 0.3)
     for i in range(4):
         expected = sum(xi[i, j] * flats[j] for j in range(4))
         assert np.allclose(_flat(_arrays(msgs[i], CLOUD)), expected, atol=1e-5)
@@ -467,6 +549,68 @@ def test_cfl_splits_recursively_and_uniform_weighting_is_the_plain_mean():
     assert all(np.array_equal(_flat(_arrays(a[p], wire.WEIGHTS)), _flat(_arrays(b[p], wire.WEIGHTS))) for p in a)
 
 
+def _cfl_federation(s, optima, rounds, step=0.3, noise=0.005, seed=0):
+    """Clients that each run local gradient descent on 0.5 ||w - c_i||^2 from their cluster's model
+    (dtheta_i = step (c_i - theta) + noise), ``rounds`` rounds of ``s``; the rounds' metrics."""
+    rng = np.random.default_rng(seed)
+    base = _flat(s.initial_weights)
+    out = []
+    for rnd in range(1, rounds + 1):
+        replies = []
+        for pid, c in enumerate(optima):
+            theta = _flat(s.cluster_models[s.cluster_of(pid)])
+            update = step * (c - theta) + noise * rng.standard_normal(len(c))
+            replies.append(_reply(s, pid, _shifted(s.initial_weights, theta - base + update)))
+        out.append(s.aggregate(rnd, replies))
+    return out
+
+
+@pytest.mark.parametrize("clustered", [True, False])
+def test_cfl_defaults_split_two_built_clusters_after_the_warmup_and_leave_one_population_whole(clustered):
+    """The defining feature at the default thresholds: 8 clients whose optima form two clusters (a shared
+    part of norm 2, +-1 apart along a cluster direction; update norms 0.3-0.7, the scale of real runs)
+    are split into exactly those two right after the 20 warm-up rounds; one population (optima 0.1
+    apart) is not split. The authors' absolute eps1 = 0.4 / eps2 = 1.6 never split at this scale."""
+    rng = np.random.default_rng(5)
+    size = sum(v.size for v in _strategy("cfl", n=8).initial_weights.values())
+    unit = lambda: (v := rng.standard_normal(size)) / np.linalg.norm(v)  # noqa: E731
+    shared, direction = 2.0 * unit(), unit()
+    base = _flat(_strategy("cfl", n=8).initial_weights)
+    sign = [1, 1, 1, 1, -1, -1, -1, -1] if clustered else [0] * 8
+    optima = [base + shared + sign[i] * direction + 0.05 * unit() for i in range(8)]
+    s = _strategy("cfl", n=8, rounds=30)
+    metrics = _cfl_federation(s, optima, 30)
+    scale = s.update_scale["sum"] / s.update_scale["rounds"]
+    assert s.update_scale["rounds"] == 20 and metrics[-1]["eps1"] == pytest.approx(0.15 * scale)
+    assert metrics[-1]["eps2"] == pytest.approx(0.6 * scale)
+    if clustered:
+        assert [r["round"] for r in s.splits] == [21] and s.clusters == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    else:
+        assert not s.splits and s.clusters == [list(range(8))]
+    absolute = _strategy("cfl", n=8, rounds=30, thresholds="absolute", eps1=0.4, eps2=1.6)
+    _cfl_federation(absolute, optima, 30)
+    assert not absolute.splits
+
+
+def test_cfl_update_scale_is_the_mean_of_the_warmup_rounds_largest_update_norm():
+    """R averages round 1..max(1, warm-up)'s largest update norm (round 1 alone without warm-up); relative
+    thresholds are eps times R, absolute ones the configured values."""
+    s = _strategy("cfl", n=6, **{"warmup-rounds": 0, "eps1": 0.0})
+    size = sum(v.size for v in s.initial_weights.values())
+    ups = _two_group_updates(size, scale=2.0)
+    m1 = s.aggregate(1, [_reply(s, pid, _shifted(s.initial_weights, u)) for pid, u in enumerate(ups)])
+    assert s.update_scale == {"sum": pytest.approx(m1["max-norm"]), "rounds": 1}
+    theta = s.cluster_models[0]
+    s.aggregate(2, [_reply(s, pid, _shifted(theta, 0.5 * u)) for pid, u in enumerate(ups)])
+    assert s.update_scale["rounds"] == 1  # after the warm-up R stays
+    assert s.thresholds() == (0.0, pytest.approx(0.6 * m1["max-norm"]))
+    a = _strategy("cfl", n=6, thresholds="absolute", eps1=0.4, eps2=1.6, **{"warmup-rounds": 2})
+    metrics = a.aggregate(1, [_reply(a, pid, _shifted(a.initial_weights, u)) for pid, u in enumerate(ups)])
+    assert (metrics["eps1"], metrics["eps2"]) == (0.4, 1.6) and a.update_scale["rounds"] == 1
+    a.aggregate(2, [_reply(a, pid, _shifted(a.cluster_models[0], u)) for pid, u in enumerate(ups)])
+    assert a.update_scale["rounds"] == 2
+
+
 def test_cfl_rejects_an_unknown_linkage_in_the_config():
     with pytest.raises(ConfigError, match="cfl.linkage"):
         Config.from_run_config({"method": "cfl", "cfl.linkage": "ward"})
@@ -667,7 +811,8 @@ def test_fedamp_reports_self_weights_and_saves_the_last_rounds_attention():
     assert np.allclose(s.round_matrices["attention"], xi, atol=1e-6)
     assert s.round_matrices["attention-pids"].tolist() == [0, 1, 2]
     metrics = s.aggregate(2, [_reply(s, 0, s.initial_weights)])
-    assert metrics == pytest.approx({"self-weight": np.diag(xi).mean(), "self-weight-min": np.diag(xi).min()}, rel=1e-5)
+    assert metrics == pytest.approx({"self-weight": np.diag(xi).mean(), "self-weight-min": np.diag(xi).min(),
+                                     "attention-spread": attention_spread(xi)}, rel=1e-5)
 
 
 def test_cfl_uses_the_configured_linkage_and_the_absent_join_the_larger_part_and_clusters_split_together():
@@ -696,6 +841,10 @@ def test_cfl_uses_the_configured_linkage_and_the_absent_join_the_larger_part_and
     ups = _two_group_updates(size) * 2
     metrics = s.aggregate(1, [_reply(s, pid, _shifted(s.initial_weights, u)) for pid, u in enumerate(ups)])
     assert metrics["splits"] == 2 and s.clusters == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert len(s.cluster_models) == 4  # one model per part, in the parts' order
+    for c, members in enumerate(s.clusters):
+        expected = _flat(s.initial_weights) + np.mean([ups[p] for p in members], axis=0)
+        assert np.allclose(_flat(s.cluster_models[c]), expected, atol=1e-5)
 
 
 def test_server_time_merge_keeps_old_rows_and_names_each_rows_command_and_commit(tmp_path):

@@ -18,7 +18,7 @@ from torch.func import functional_call
 from clients.base import ClientEnv
 from clients.fednova import FedNovaClient
 from clients.l2gd import LOCAL, L2GDClient, pull_towards
-from clients.per_fedavg import ADAPT_TAG, PerFedAvgClient, gradient_fn, meta_step
+from clients.per_fedavg import ADAPT_TAG, PerFedAvgClient, gradient_fn, hessian_vector, meta_step
 from clients.pfedme import PERSONAL, PFedMeClient, local_step, personal_solve
 from clients.training import batch_stream, evaluate_model
 from fedcore import wire
@@ -206,6 +206,54 @@ def test_per_fedavg_takes_tau_steps_on_fresh_batches_and_reports_their_mean_loss
     got = _received(records[wire.WEIGHTS])
     assert all(torch.allclose(got[n], v, atol=1e-6) for (n, _), v in zip(model.named_parameters(), w))
     assert metrics[wire.TRAIN_LOSS] == pytest.approx(np.mean(losses), rel=1e-5)
+
+
+def test_hessian_free_estimate_equals_the_exact_hessian_vector_product_on_a_model_with_dropout():
+    """Per-FedAvg-HF's finite difference on a model with dropout (in training mode, as the meta-step runs it)
+    equals the exact Hessian-vector product of the loss with the mask of that draw (double backpropagation
+    from the same generator state), to float64 finite-difference error; with two masks it would be off by
+    hundreds of times H v."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(16, 3)).double()
+    x, y = torch.randn(20, 6, dtype=torch.float64), torch.randint(0, 3, (20,))
+    idx = torch.arange(20)
+    w = [p.detach().clone() for p in model.parameters()]
+    v = [torch.randn_like(p) for p in w]
+    grad_at = gradient_fn(model, x, y)
+    torch.manual_seed(11)
+    estimate = hessian_vector(grad_at, w, v, idx, 1e-4)
+    names = [n for n, _ in model.named_parameters()]
+    torch.manual_seed(11)  # the same draw: the same mask
+    params = [wi.clone().requires_grad_(True) for wi in w]
+    loss = F.cross_entropy(functional_call(model, dict(zip(names, params)), (x,)), y)
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    exact = torch.autograd.grad(sum((g * vi).sum() for g, vi in zip(grads, v)), params)
+    scale = max(float(e.abs().max()) for e in exact)
+    assert scale > 1e-2
+    assert all(torch.allclose(e, h, atol=1e-6 * scale, rtol=1e-5) for e, h in zip(exact, estimate))
+    plus, _ = grad_at([wi + 1e-4 * vi for wi, vi in zip(w, v)], idx)  # two draws: two masks
+    minus, _ = grad_at([wi - 1e-4 * vi for wi, vi in zip(w, v)], idx)
+    noisy = [(a - b) / 2e-4 for a, b in zip(plus, minus)]
+    assert max(float((n - e).abs().max()) for n, e in zip(noisy, exact)) > 10 * scale
+
+
+def test_per_fedavg_adaptation_before_evaluation_leaves_batchnorm_statistics_as_received(tmp_path):
+    cfg = Config.from_run_config(small_config(tmp_path, method="per-fedavg", model="resnet8",
+                                              **{"per-fedavg.alpha": 0.1}))
+    client = PerFedAvgClient(ClientEnv(cfg, pid=0, num_clients=3, state=RecordDict(), server_round=1,
+                                       config={wire.SERVER_ROUND: 1, wire.PHASE: "evaluate"}))
+    model = client.new_model()
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if b.dtype.is_floating_point:
+                b.add_(0.5)  # received statistics that a training batch would move
+    received = {k: v.clone() for k, v in model.state_dict().items()}
+    assert any("running_mean" in k for k in received)
+    adapted = client.adapted(_weights_content(model)).state_dict()
+    buffers = {name for name, _ in model.named_buffers()}
+    assert all(torch.equal(adapted[k], received[k]) for k in buffers)
+    assert not all(torch.equal(adapted[k], received[k]) for k in received if k not in buffers)  # the step was taken
 
 
 def _without_training_data(env: ClientEnv) -> ClientEnv:

@@ -9,9 +9,13 @@ LINKAGES = ("single", "complete")  # how a cluster is cut in two (fedstrategies/
 
 # ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
 HPARAMS = {
-    "eps1": Key(0.4, "split a cluster only when the norm of its mean update is below eps1 (the authors' code: 0.4)",
-                low=0.0),
-    "eps2": Key(1.6, "... and its largest client update norm is above eps2 (the authors' code: 1.6)", low=0.0),
+    "thresholds": Key("relative", "eps1 and eps2 in units of the run's update scale R (the mean over the warm-up "
+                      "rounds of the largest client update norm) or absolute (the authors' code)",
+                      choices=("relative", "absolute")),
+    "eps1": Key(0.15, "split a cluster only when the norm of its mean update is below eps1 (relative; the authors' "
+                "code: 0.4 absolute)", low=0.0),
+    "eps2": Key(0.6, "... and its largest client update norm is above eps2 (relative; the authors' code: 1.6 "
+                "absolute)", low=0.0),
     "warmup-rounds": Key(20, "no split in the first this many rounds (the authors' code: 20)", low=0),
     "min-size": Key(3, "fewest updates a cluster must send this round to be split (the authors' code: 3)", low=2),
     "linkage": Key("single", "bipartition: single linkage is the paper's argmin of the largest cross-cluster "

@@ -20,9 +20,10 @@ RETRAINED_HEAD = "retrained-head"
 HPARAMS = {
     "features-per-class": Key(100, "federated features per class (CReFF's num_of_feature)", low=1),
     "match-steps": Key(100, "gradient-matching steps per round (match_epoch)", low=0),
-    "match-lr": Key(0.1, "step size of the gradient matching (lr_feature)", low=0.0, low_open=True),
-    "match-optimizer": Key("sgd", "optimiser of the gradient matching: CReFF's SGD or Adam restarted each round",
-                           choices=("sgd", "adam")),
+    "match-lr": Key(0.01, "step size of the gradient matching (CReFF's lr_feature: 0.1 with SGD)", low=0.0,
+                    low_open=True),
+    "match-optimizer": Key("adam", "optimiser of the gradient matching: Adam restarted each round (MuPFL's PKCF) "
+                           "or CReFF's SGD", choices=("adam", "sgd")),
     "retrain-epochs": Key(300, "epochs of classifier re-training on the federated features (crt_epoch)", low=0),
     "retrain-lr": Key(0.01, "SGD step size of the classifier re-training (lr_net)", low=0.0, low_open=True),
     "retrain-batch": Key(32, "batch size of the classifier re-training", low=1),

@@ -18,10 +18,12 @@ DIST_TO_CLOUD = "dist-to-cloud"
 
 # ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
 HPARAMS = {
-    "alpha-k": Key(1.0, "alpha_k: step of the message passing (xi_ij = alpha_k A'(d_ij^2)) and 1/alpha_k in the "
-                   "client's proximal weight", low=0.0, low_open=True),
-    "sigma": Key(100.0, "sigma of the attention function A(x) = 1 - exp(-x / sigma) on squared model distances; "
-                 "xi_ii >= 0 for every distance while alpha_k (m - 1) / sigma <= 1", low=0.0, low_open=True),
+    "alpha-k": Key(1.0, "alpha_k: step of the message passing (xi_ij = alpha_k A'(d_ij^2); with sigma = 0 the "
+                   "fraction of the largest step keeping xi_ii >= 0) and 1/alpha_k in the client's proximal weight",
+                   low=0.0, low_open=True),
+    "sigma": Key(0.0, "sigma of the attention function A(x) = 1 - exp(-x / sigma) on squared model distances; "
+                 "0: the round's median distance, the step scaled to match (fedamp_math.median_scale); a fixed "
+                 "sigma keeps xi_ii >= 0 for every distance while alpha_k (m - 1) / sigma <= 1", low=0.0),
     "lambda": Key(1.0, "lambda: the client minimises F_i(w) + lambda / (2 alpha_k) ||w - u_i||^2", low=0.0),
     "start": Key("own", "where local training starts: the client's own model w_i (PFLlib) or its cloud model u_i",
                  choices=("own", "cloud")),

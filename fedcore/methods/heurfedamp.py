@@ -8,8 +8,12 @@ from fedcore.methods.fedamp import HPARAMS as FEDAMP_HPARAMS
 
 # ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
 HPARAMS = {
-    "self-weight": Key(0.5, "xi_ii: the share of the client's own model in its cloud model", low=0.0, high=1.0),
-    "sigma": Key(1.0, "scale of the cosine similarity in the softmax over the other clients", low=0.0),
+    "self-weight": Key(0.3, "xi_ii: the share of the client's own model in its cloud model (pFedGraph's code: 0.3)",
+                       low=0.0, high=1.0),
+    "sigma": Key(10.0, "scale of the cosine similarity in the softmax over the other clients (pFedGraph's code: 10)",
+                 low=0.0),
+    "similarity": Key("update", "cosine of the updates from the initial model, w_i - w_0 (pFedGraph's code), or of "
+                      "the raw parameters w_i (the paper)", choices=("update", "weights")),
     "alpha-k": FEDAMP_HPARAMS["alpha-k"],
     "lambda": FEDAMP_HPARAMS["lambda"],
     "start": FEDAMP_HPARAMS["start"],

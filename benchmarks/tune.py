@@ -1,0 +1,281 @@
+"""One tuning protocol for every row of a comparison (issue #45): each method's own hyperparameters chosen on
+validation from the same small grid, once per method and data family, by one command.
+
+    python -m benchmarks.tune conf/<preset>.toml [--methods fedprox,cfl] [--retune] [--jobs 2]
+
+For every method of the preset that ``fedcore.tuning_grid.GRIDS`` names and the family file does not hold yet:
+run each of its settings (at most 9) once, on the preset's first seed, for ``ROUNDS_FRACTION`` of its rounds,
+with the preset's common keys and the row's own options, and keep the setting with the best validation accuracy
+(``best_val_acc``; test accuracy is never read). The choice goes to ``conf/tuned/<dataset>-<partition>.toml``
+(beside the preset; ``[compare] tuned`` names another), which every preset of that family reads through
+``[compare] tuned``: the command adds that line to the preset when it is missing. A method already in the file
+is reused, not tuned again (``--retune`` does). ``<output>/tuning.md`` lists, for every row, the grid and its
+validation numbers (or where the reused choice was made) and the common keys each row runs with, flagging any
+that differ between rows and are not declared in ``[compare] unequal`` (key -> why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from fedcore.tuning_grid import COMMON_KEYS, MAX_SETTINGS, ROUNDS_FRACTION, SELECT_ON, family, settings, tuned_keys
+
+
+def tuned_path(preset_path: Path, preset: dict) -> Path:
+    """The family file the preset reads (``[compare] tuned``) or, by default, ``tuned/<dataset>-<partition>.toml``
+    beside it."""
+    name = preset["compare"].get("tuned", f"tuned/{family(preset.get('run-config', {}))}.toml")
+    return Path(preset_path).parent / name
+
+
+def tuning_budget(preset: dict) -> int:
+    """The rounds of a tuning run: ``ROUNDS_FRACTION`` of the preset's, at least one."""
+    rounds = int(preset.get("run-config", {}).get("num-server-rounds", 10))
+    return max(1, math.ceil(rounds * ROUNDS_FRACTION))
+
+
+def check_validation(preset: dict, where: str) -> None:
+    """The protocol selects on validation only: a preset without a validation split cannot be tuned."""
+    if not float(preset.get("run-config", {}).get("val-fraction", 0.0)) > 0.0:
+        raise SystemExit(f"{where}: tuning selects on the validation split; set val-fraction > 0 in [run-config]")
+
+
+def choose(records: list[dict]) -> int | None:
+    """Index of the setting with the highest validation accuracy (the first of equals); None if none finished."""
+    scored = [(r["val_acc"], -i) for i, r in enumerate(records) if r.get("val_acc") is not None]
+    return -max(scored)[1] if scored else None
+
+
+def method_rows(preset: dict) -> dict[str, object]:
+    """method -> the row its tuning runs take their options from: the row labelled as the method if there is
+    one, else its first row (a row reading another's runs is no row of its own)."""
+    from runner.compare import entries
+
+    rows: dict[str, object] = {}
+    for e in entries(preset):
+        if e.runs_of is None and (e.method not in rows or e.label == e.method):
+            rows[e.method] = e
+    return rows
+
+
+def grid_configs(preset: dict, entry, out: Path) -> list[dict]:
+    """The run configs of ``entry``'s method's grid: the preset's common keys, the row's options other than the
+    tuned ones, the setting, the first seed and the tuning budget."""
+    keys = set(tuned_keys(entry.method))
+    own = {k: v for k, v in entry.config.items() if k not in keys}
+    seed = preset["compare"].get("seeds", [0])[0]
+    return [{**preset.get("run-config", {}), **own, **setting, "method": entry.method, "seed": seed,
+             "num-server-rounds": tuning_budget(preset), "results-dir": str(out / "runs" / "tuning"),
+             "run-name": f"{entry.method}-{i}", "overwrite": True, "plots": False}
+            for i, setting in enumerate(settings(entry.method))]
+
+
+def run_grid(configs: list[dict], supernodes: int, jobs: int) -> list[dict | None]:
+    """Every config in-process (the same ServerApp and ClientApp as a comparison), ``jobs`` at a time."""
+    from runner.compare import _run_inprocess
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(_run_inprocess, configs, [supernodes] * len(configs)))
+    return [r["summary"] if r["status"] == "finished:completed" else None for r in results]
+
+
+def tune_method(preset: dict, entry, out: Path, jobs: int) -> dict:
+    """Run ``entry``'s method's grid and return its record: settings, validation accuracies, the choice."""
+    configs = grid_configs(preset, entry, out)
+    assert len(configs) <= MAX_SETTINGS
+    t0 = time.monotonic()
+    print(f"tuning {entry.method}: {len(configs)} settings x {tuning_budget(preset)} rounds ...", flush=True)
+    summaries = run_grid(configs, preset["compare"].get("supernodes", 10), jobs)
+    grid = settings(entry.method)
+    records = [{"setting": s, "val_acc": None if sm is None else sm.get(SELECT_ON),
+                "val_round": None if sm is None else sm.get("best_val_round")} for s, sm in zip(grid, summaries)]
+    best = choose(records)
+    for r in records:
+        print(f"  {json.dumps(r['setting'])}: validation {_pct(r['val_acc'])}", flush=True)
+    print(f"  chosen: {json.dumps(grid[best]) if best is not None else 'none (every run failed)'}  "
+          f"({time.monotonic() - t0:.0f} s)", flush=True)
+    return {"chosen": grid[best] if best is not None else {}, "grid": records, "seed": configs[0]["seed"],
+            "rounds": tuning_budget(preset), "of-rounds": int(preset.get("run-config", {}).get("num-server-rounds", 0)),
+            "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", "")}
+
+
+# ---------------------------------------------------------------------- the family file
+def read_family(path: Path) -> dict[str, dict]:
+    """method -> record (as ``tune_method`` returns it) from a family file."""
+    import tomllib
+
+    if not path.exists():
+        return {}
+    data = tomllib.loads(path.read_text())
+    out = {}
+    for method, chosen in data.get("method-config", {}).items():
+        rec = data.get("tuning", {}).get(method, {})
+        out[method] = {"chosen": dict(chosen), **{k: v for k, v in rec.items() if k != "grid"},
+                       "grid": [{"setting": json.loads(g["setting"]), "val_acc": g.get("val_acc"),
+                                 "val_round": g.get("val_round")} for g in rec.get("grid", [])]}
+    return out
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def write_family(path: Path, records: dict[str, dict], fam: str) -> None:
+    """The family file: ``[method-config.<m>]`` (what presets read) and ``[tuning.<m>]`` (the evidence)."""
+    lines = [f"# Hyperparameters chosen on validation for the {fam} family by `python -m benchmarks.tune` (issue #45):",
+             "# each method's grid (fedcore/tuning_grid.py) on one seed at a shortened budget; every preset of this",
+             "# family reads [method-config] through `[compare] tuned`. [tuning] holds each grid's validation numbers.", ""]
+    for method in sorted(records):
+        lines.append(f'[method-config."{method}"]')
+        lines += [f"{json.dumps(k)} = {_toml(v)}" for k, v in records[method]["chosen"].items()]
+        lines.append("")
+    for method in sorted(records):
+        rec = records[method]
+        lines.append(f'[tuning."{method}"]')
+        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "seed", "rounds", "of-rounds") if k in rec]
+        lines.append("grid = [")
+        for g in rec["grid"]:
+            fields = [f"setting = {_toml(json.dumps(g['setting'], sort_keys=True))}"]
+            fields += [f"{k} = {_toml(g[k])}" for k in ("val_acc", "val_round") if g.get(k) is not None]
+            lines.append("  { " + ", ".join(fields) + " },")
+        lines += ["]", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+def name_family_file(preset_path: Path, relative: str) -> bool:
+    """Add ``tuned = "<relative>"`` under the preset's ``[compare]`` when it has no ``tuned`` key (True if added)."""
+    text = Path(preset_path).read_text()
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("[compare]"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    if any(line.split("=")[0].strip() == "tuned" for line in lines[start + 1:end]):
+        return False
+    lines.insert(start + 1, f'tuned = "{relative}"  # each method\'s hyperparameters, chosen by benchmarks.tune\n')
+    Path(preset_path).write_text("".join(lines))
+    return True
+
+
+# ---------------------------------------------------------------------- common keys
+def common_keys(preset: dict) -> dict[str, dict]:
+    """label -> the common keys its runs resolve to (``auto`` replaced by the method's paper setting)."""
+    from fedcore.config import Config
+    from runner.compare import entries, run_config
+
+    out = {}
+    for e in entries(preset):
+        if e.runs_of is None:
+            cfg = Config.from_run_config({k: v for k, v in run_config(preset, e, 0, Path(".")).items()
+                                          if k not in ("results-dir", "run-name")})
+            out[e.label] = {k: cfg[k] for k in COMMON_KEYS}
+    return out
+
+
+def unequal_keys(preset: dict) -> dict[str, dict]:
+    """common key -> {label: value} for every key that differs between rows and the preset does not declare in
+    ``[compare] unequal``."""
+    table, declared = common_keys(preset), preset["compare"].get("unequal", {})
+    out = {}
+    for key in COMMON_KEYS:
+        values = {label: row[key] for label, row in table.items()}
+        if len(set(map(repr, values.values()))) > 1 and key not in declared:
+            out[key] = values
+    return out
+
+
+# ---------------------------------------------------------------------- the report
+def _pct(x) -> str:
+    return "failed" if x is None else f"{100 * x:.2f}"
+
+
+def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str, dict], tuned_now: set[str]) -> str:
+    spec = preset["compare"]
+    rows = [e for e in method_rows(preset).values()]
+    lines = [f"# Tuning: {preset_path.stem}", "",
+             f"Made by `python -m benchmarks.tune {preset_path}` (issue #45's protocol, `fedcore/tuning_grid.py`): "
+             f"each method's own hyperparameters (at most two, at most {MAX_SETTINGS} settings) chosen on the "
+             f"validation split (weighted validation accuracy at its best evaluated round; test accuracy is never "
+             f"read), seed {spec.get('seeds', [0])[0]}, {tuning_budget(preset)} of the preset's "
+             f"{preset.get('run-config', {}).get('num-server-rounds', '?')} rounds, once per method for the "
+             f"`{family(preset.get('run-config', {}))}` family (`{family_file.name}`; every preset of the family "
+             "reuses the choice). Rows without a grid have no hyperparameter of their own to tune.", ""]
+    untuned = [e.method for e in rows if settings(e.method) and e.method not in records]
+    if untuned:
+        lines += [f"Not tuned yet (they run at their defaults until `--methods` names them): {', '.join(untuned)}.", ""]
+    for e in rows:
+        rec = records.get(e.method)
+        if rec is None:
+            continue
+        where = ("tuned by this command" if e.method in tuned_now else
+                 f"reused: tuned with preset `{rec.get('preset', '?')}` at commit {rec.get('commit', '?') or '?'}")
+        lines += [f"## {e.method}", "", f"{where}; chosen: `{json.dumps(rec['chosen'])}`", "",
+                  "| setting | validation accuracy (%) | best round | |", "|---|---|---|---|"]
+        for g in rec["grid"]:
+            mark = "chosen" if g["setting"] == rec["chosen"] else ""
+            lines.append(f"| `{json.dumps(g['setting'])}` | {_pct(g['val_acc'])} | {g.get('val_round') or '-'} | {mark} |")
+        lines.append("")
+    table = common_keys(preset)
+    lines += ["## Common keys", "", "What every row trains with (after `auto`); the protocol wants them equal "
+              "unless the preset says why not (`[compare] unequal`).", "",
+              "| row | " + " | ".join(COMMON_KEYS) + " |", "|---" * (len(COMMON_KEYS) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(str(v[k]) for k in COMMON_KEYS) + " |" for label, v in table.items()]
+    unequal, declared = unequal_keys(preset), spec.get("unequal", {})
+    lines.append("")
+    lines += [f"- **{k}** differs between rows and is not declared: {v}" for k, v in unequal.items()]
+    lines += [f"- {k} differs between rows, as the preset declares: {why}" for k, why in declared.items()]
+    if not unequal and not declared:
+        lines.append("Every common key is equal for every row.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from runner.compare import _commit, load_preset
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("preset", type=Path)
+    parser.add_argument("--methods", help="comma-separated methods to tune (default: every method of the preset)")
+    parser.add_argument("--retune", action="store_true", help="tune again a method the family file already holds")
+    parser.add_argument("--jobs", type=int, help="runs in parallel (default: the preset's jobs)")
+    parser.add_argument("--app", type=Path, default=Path("."))
+    args = parser.parse_args(argv)
+    preset = load_preset(args.preset)
+    check_validation(preset, str(args.preset))
+    preset["name"] = args.preset.stem
+    preset["made"] = {"commit": _commit()}
+    family_file = tuned_path(args.preset, preset)
+    records = read_family(family_file)
+    out = (args.app / preset["compare"].get("output", f"results/compare/{args.preset.stem}")).resolve()
+    wanted = set(args.methods.split(",")) if args.methods else None
+    tuned_now: set[str] = set()
+    for method, entry in method_rows(preset).items():
+        if not settings(method) or (wanted is not None and method not in wanted):
+            continue
+        if method in records and not args.retune:
+            print(f"{method}: reusing the family's choice {json.dumps(records[method]['chosen'])}", flush=True)
+            continue
+        records[method] = tune_method(preset, entry, out, args.jobs or preset["compare"].get("jobs", 1))
+        tuned_now.add(method)
+        write_family(family_file, records, family(preset.get("run-config", {})))  # after each method: resumable
+    if name_family_file(args.preset, os.path.relpath(family_file, args.preset.parent)):
+        print(f"{args.preset}: now reads {family_file}", flush=True)
+    preset = load_preset(args.preset)  # with the choices, for the common-key table
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tuning.md").write_text(render(preset, args.preset, family_file, records, tuned_now))
+    print(f"wrote {out / 'tuning.md'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The tuning protocol (issue #45): its rules on the grid table, and `python -m benchmarks.tune` end to end on a
+tiny preset (3 clients, a one-round budget, a two-setting grid)."""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+
+import pytest
+
+from benchmarks import tune
+from fedcore import tuning_grid
+from fedcore.registry import get_method
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+
+# ====================================================================== the protocol's rules
+@pytest.mark.parametrize("method", sorted(tuning_grid.GRIDS))
+def test_every_grid_has_at_most_9_settings_of_at_most_2_own_valid_keys_and_holds_the_default(method):
+    grid = tuning_grid.GRIDS[method]
+    hparams = get_method(method).hparams
+    assert 1 <= len(grid) <= tuning_grid.MAX_SETTINGS == 9
+    names = set(itertools.chain.from_iterable(grid))
+    assert len(names) <= tuning_grid.MAX_KEYS == 2 and names <= set(hparams), names - set(hparams)
+    for setting in grid:
+        assert set(setting) == names  # every setting names the same keys
+        for k, v in setting.items():
+            assert hparams[k].check(f"{method}.{k}", v) == v
+    assert len({tuple(sorted(s.items())) for s in grid}) == len(grid)  # no setting twice
+    assert {k: hparams[k].default for k in names} in grid  # tuning moves the default only where validation says
+    assert tuning_grid.tuned_keys(method) == [f"{method}.{k}" for k in grid[0]]
+
+
+def test_no_common_key_is_tuned_per_method():
+    for method in tuning_grid.GRIDS:
+        assert not set(tuning_grid.tuned_keys(method)) & set(tuning_grid.COMMON_KEYS)
+
+
+def test_the_choice_is_the_best_validation_accuracy_first_of_equals_and_ignores_failed_runs():
+    records = [{"setting": {"a": 1}, "val_acc": 0.5}, {"setting": {"a": 2}, "val_acc": None},
+               {"setting": {"a": 3}, "val_acc": 0.7}, {"setting": {"a": 4}, "val_acc": 0.7}]
+    assert tune.choose(records) == 2
+    assert tune.choose([{"val_acc": None}]) is None
+
+
+def test_a_preset_without_a_validation_split_is_refused():
+    with pytest.raises(SystemExit, match="val-fraction"):
+        tune.check_validation({"run-config": {"dataset": "digits"}}, "p.toml")
+    tune.check_validation({"run-config": {"val-fraction": 0.1}}, "p.toml")
+
+
+def test_budget_is_half_the_rounds_and_the_family_is_dataset_and_partition(tmp_path):
+    assert tune.tuning_budget({"run-config": {"num-server-rounds": 50}}) == 25
+    assert tune.tuning_budget({"run-config": {"num-server-rounds": 1}}) == 1
+    preset = {"compare": {}, "run-config": {"dataset": "mnist5k", "partition": "dirichlet"}}
+    assert tune.tuned_path(tmp_path / "x.toml", preset) == tmp_path / "tuned" / "mnist5k-dirichlet.toml"
+
+
+def _preset(tmp_path, extra: str = "") -> tuple:
+    conf = tmp_path / "conf"
+    conf.mkdir(exist_ok=True)
+    path = conf / "tiny.toml"
+    path.write_text(f"""# a tiny comparison
+[compare]
+methods = ["fedavg", "fedprox", "fedprox-wd"]
+seeds = [3, 4]
+supernodes = 3
+engine = "inprocess"
+output = "{tmp_path / 'out'}"
+{extra}
+[run-config]
+dataset = "digits"
+partition = "pathological"
+model = "mlr"
+val-fraction = 0.2
+num-server-rounds = 2
+batch-size = 16
+lr = 0.05
+momentum = 0.0
+weight-decay = 0.0
+local-epochs = 1
+fraction-train = 1.0
+client-threads = 1
+
+[variants.fedprox-wd]
+method = "fedprox"
+weight-decay = 0.001
+""")
+    return conf, path
+
+
+def test_common_keys_that_differ_between_rows_are_flagged_unless_declared(tmp_path):
+    from runner.compare import load_preset
+
+    _, path = _preset(tmp_path)
+    preset = load_preset(path)
+    assert tune.common_keys(preset)["fedprox-wd"]["weight-decay"] == 0.001
+    assert set(tune.unequal_keys(preset)) == {"weight-decay"}
+    _, path = _preset(tmp_path, 'unequal = { weight-decay = "the ablation row" }')
+    assert tune.unequal_keys(load_preset(path)) == {}
+
+
+# ====================================================================== end to end
+def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
+    """Tunes fedprox's mu on a two-setting grid (the preset's first seed, 1 of its 2 rounds), writes the family
+    file the preset now names and tuning.md; the comparison then runs fedprox at the chosen mu; a second call
+    reuses the choice without running anything."""
+    from runner.compare import entries, load_preset
+
+    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    conf, path = _preset(tmp_path)
+    assert tune.main([str(path)]) == 0
+    family = conf / "tuned" / "digits-pathological.toml"
+    data = tomllib.loads(family.read_text())
+    rec = data["tuning"]["fedprox"]
+    assert [g["setting"] for g in rec["grid"]] == ['{"fedprox.mu": 0.01}', '{"fedprox.mu": 5.0}']
+    assert rec["seed"] == 3 and rec["rounds"] == 1 and rec["of-rounds"] == 2
+    vals = [g["val_acc"] for g in rec["grid"]]
+    assert all(0.0 <= v <= 1.0 for v in vals)
+    best = max(range(2), key=lambda i: (vals[i], -i))
+    assert data["method-config"]["fedprox"] == {"fedprox.mu": [0.01, 5.0][best]}
+    assert "test" not in family.read_text()  # the choice never sees a test number
+    # the preset now reads the family file, and its fedprox rows run at the choice
+    assert 'tuned = "tuned/digits-pathological.toml"' in path.read_text()
+    preset = load_preset(path)
+    rows = {e.label: e.config for e in entries(preset)}
+    assert rows["fedprox"]["fedprox.mu"] == [0.01, 5.0][best] and rows["fedprox-wd"]["fedprox.mu"] == [0.01, 5.0][best]
+    assert "fedprox.mu" not in rows["fedavg"]
+    report = (tmp_path / "out" / "tuning.md").read_text()
+    assert "## fedprox" in report and "tuned by this command" in report and "chosen" in report
+    assert "Not tuned yet" not in report
+    assert f"{100 * vals[0]:.2f}" in report and "**weight-decay** differs between rows" in report
+    assert (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
+    # once per family: a second call (another preset of the family would do the same) reuses it
+    (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").unlink()
+    assert tune.main([str(path)]) == 0
+    assert not (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
+    assert "reused: tuned with preset `tiny`" in (tmp_path / "out" / "tuning.md").read_text()
+    assert path.read_text().count("tuned =") == 1
+
+
+ROOT = tuning_grid.Path(__file__).resolve().parents[1]
+# found by this test and not fixed yet (issue #45): FedGH's rows in the FedFCD presets take FedGH's own paper
+# setting (momentum 0.9, weight decay 0.001) where every other row trains with 0 and 0
+KNOWN_UNEQUAL = {f"fedfcd-{name}.toml": {"momentum", "weight-decay"} for name in (
+    "cifar10-dirichlet", "cifar10-dirichlet-m50", "cifar10-dirichlet-m100", "cifar10-pathological",
+    "cifar10-pathological-m50", "cifar10-pathological-m100", "cifar100-dirichlet", "cifar100-pathological",
+    "fmnist-dirichlet", "fmnist-pathological")}
+
+
+@pytest.mark.parametrize("preset", sorted((ROOT / "conf").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_presets_give_every_row_the_same_common_keys_or_say_why_not(preset):
+    from runner.compare import load_preset
+
+    assert set(tune.unequal_keys(load_preset(preset))) == KNOWN_UNEQUAL.get(preset.name, set())
