@@ -112,7 +112,7 @@ def test_embedded_and_cached_datasets_are_available(tmp_path, monkeypatch):
 def test_a_run_that_cannot_load_its_data_is_refused_in_seconds_before_any_client(tmp_path, monkeypatch, capsys):
     """Before: dataset='cifar10' offline failed inside every ClientApp after about 90 s."""
     from server_app.inprocess import run_inprocess
-    from server_app.launch import main
+    from runner.launch import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv(pd.DEBIAN_ROOT_ENV, str(tmp_path / "empty"))
@@ -153,7 +153,7 @@ def test_fmnist_presets_are_valid_and_state_their_cost(name):
     from pathlib import Path
 
     from fedcore.config import Config
-    from server_app.compare import entries, load_preset
+    from runner.compare import entries, load_preset
 
     path = Path(__file__).resolve().parents[1] / "conf" / f"{name}.toml"
     preset = load_preset(path)
