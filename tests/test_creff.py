@@ -176,7 +176,7 @@ def test_the_default_matching_halves_the_loss_in_round_one_at_d_3136():
     matching loss falls at least by half, on the class gradients of post-ReLU features of the 28 x 28 MuPFL
     CNN (d = 3,136) at a freshly initialised classifier, as in round 1. The authors' SGD at 0.1 does not."""
     from fedcore.models import build_model
-    from fedstrategies.creff import HPARAMS
+    from fedcore.methods.creff import HPARAMS
 
     hp = {k: HPARAMS[k].default for k in ("features-per-class", "match-steps", "match-lr", "match-optimizer")}
     torch.manual_seed(8)

@@ -111,8 +111,9 @@ def test_embedded_and_cached_datasets_are_available(tmp_path, monkeypatch):
 
 def test_a_run_that_cannot_load_its_data_is_refused_in_seconds_before_any_client(tmp_path, monkeypatch, capsys):
     """Before: dataset='cifar10' offline failed inside every ClientApp after about 90 s."""
-    from server_app.inprocess import run_inprocess
+    from runner.inprocess import run_inprocess
     from runner.launch import main
+    from tests.conftest import test_device
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv(pd.DEBIAN_ROOT_ENV, str(tmp_path / "empty"))
@@ -123,7 +124,7 @@ def test_a_run_that_cannot_load_its_data_is_refused_in_seconds_before_any_client
     err = capsys.readouterr().err
     assert "configuration error" in err and "apt-get install dataset-fashion-mnist" in err and "hub" in err
     with pytest.raises(ConfigError, match="apt-get install dataset-fashion-mnist"):
-        run_inprocess({**cfg, "num-server-rounds": 1}, 3)  # in process: before a client handshakes
+        run_inprocess({**cfg, "num-server-rounds": 1, "device": test_device()}, 3)  # in process: before a client handshakes
     assert time.perf_counter() - t < 10
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
@@ -178,8 +179,9 @@ def test_fmnist_presets_are_the_papers_settings():
         r = p["run-config"]
         assert (p["compare"]["supernodes"], r["partition"], r["local-steps"], r["batch-size"], r["lr"],
                 r["num-server-rounds"], r["model"]) == (20, "pairs", 20, 20, 0.02, 800, model)
-        assert p["method-config"]["fedmcsa"]["fedmcsa.clients-per-round"] == 10
-        assert {p["method-config"][m]["fraction-train"] for m in ("fedavg", "fedprox", "per-fedavg", "pfedme")} == {0.5}
+        # every row trains all 20 clients, as the default fedmcsa variant does (equal participation, #45)
+        assert p["run-config"]["fraction-train"] == 1.0 and "fedmcsa" not in p.get("method-config", {})
+        assert all("fraction-train" not in c for c in p.get("method-config", {}).values())
         assert set(p["paper"]["values"]) <= set(p["compare"]["methods"]) and {"local", "fedavg+mcsa"} <= set(
             p["compare"]["methods"]) and len(p["paper"]["values"]) == 8
     for part in ("pathological", "dirichlet"):

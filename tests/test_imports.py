@@ -86,7 +86,7 @@ def test_server_app_is_the_serverapp_alone_and_its_old_tool_names_still_run_the_
     import server_app
 
     assert sorted(p.stem for p in (ROOT / "server_app").glob("*.py")) == ["__init__", "app", "checkpoints", "nodes",
-                                                                        "results"]
+                                                                        "results", "tracking"]
     for tool in server_app.TOOLS:
         origin = Path(importlib.util.find_spec(f"server_app.{tool}").origin)
         assert origin == ROOT / "runner" / f"{tool}.py", tool

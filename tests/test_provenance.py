@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from runner import provenance, run_data, stats
+from tests.conftest import test_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,8 @@ def test_the_source_hash_follows_the_source_packages_only(repo):
 def _preset(out: Path, methods=("fedavg", "local"), seeds=(0, 1)) -> dict:
     return {"compare": {"methods": list(methods), "seeds": list(seeds), "supernodes": 3, "output": str(out),
                         "engine": "inprocess", "focus": "fedavg"},
-            "run-config": {"dataset": "digits", "num-server-rounds": 3, "val-fraction": 0.2, "node-wait-s": 0}}
+            "run-config": {"dataset": "digits", "num-server-rounds": 3, "val-fraction": 0.2, "node-wait-s": 0,
+                           "device": test_device()}}
 
 
 def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monkeypatch, capsys):

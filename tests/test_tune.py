@@ -145,8 +145,7 @@ ROOT = tuning_grid.Path(__file__).resolve().parents[1]
 # setting (momentum 0.9, weight decay 0.001) where every other row trains with 0 and 0
 KNOWN_UNEQUAL = {f"fedfcd-{name}.toml": {"momentum", "weight-decay"} for name in (
     "cifar10-dirichlet", "cifar10-dirichlet-m50", "cifar10-dirichlet-m100", "cifar10-pathological",
-    "cifar10-pathological-m50", "cifar10-pathological-m100", "cifar100-dirichlet", "cifar100-pathological",
-    "fmnist-dirichlet", "fmnist-pathological")}
+    "cifar10-pathological-m50", "cifar10-pathological-m100", "cifar100-dirichlet", "cifar100-pathological")}
 
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "conf").glob("*.toml")), ids=lambda p: p.name)

@@ -30,7 +30,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     # every gradient
     "authors-code": {"lambda": 0.0, "train": "all", "component": "tensor", "size-weighting": True,
                      "weight-decay": 0.001},
-    # shared/specs/fedmcsa.md: the paper's maths with its Option B (only the S sampled clients train)
+    # our implementation spec: the paper's maths with its Option B (only the S sampled clients train)
     "spec": {"lambda": 5.0, "train": "sampled", "component": "layer", "size-weighting": False, "weight-decay": 0.0},
 }
 DEFAULT_VARIANT = "authors-code"  # reproduces the paper's Synthetic result best, on validation (docs/papers/fedmcsa.md)
