@@ -50,9 +50,9 @@ class FedMCSAClient(ClientMethod):
         else:
             model, centre = self.load_model(MODEL), self.load_model(CENTRE)
         anchor = [p.detach().clone() for p in centre.parameters()]  # fixed for the round, never aliased
-        # R steps (local-steps) of exactly |D| samples each; an epoch budget when local-steps is 0
-        optimizer = self.env.optimizer(model.parameters(), weight_decay=self.hp["weight-decay"])
-        loss = self.train(model, optimizer=optimizer, loss_fn=proximal_objective(self.hp["lambda"], anchor),
+        # R steps (local-steps) of exactly |D| samples each; an epoch budget when local-steps is 0. Plain SGD at
+        # the run config's weight decay, which already holds the variant's when left at "auto" (resolve_options)
+        loss = self.train(model, loss_fn=proximal_objective(self.hp["lambda"], anchor),
                           full_batches=self.cfg["local-steps"] > 0)
         self.save_model(model, MODEL)
         records = {wire.WEIGHTS: wire.pack_arrays(model.state_dict())} if config[UPLOAD] else {}

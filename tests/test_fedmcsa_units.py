@@ -229,6 +229,16 @@ def test_the_default_variant_and_the_defaults_of_the_other_options():
     assert all(HPARAMS[k].default == "auto" for k in ("lambda", "train", "component", "size-weighting"))
 
 
+def test_the_paper_setting_weight_decay_is_the_chosen_variants_and_the_defaults_when_none_is_given():
+    from fedcore.paper_settings import paper_setting
+
+    assert VARIANTS[DEFAULT_VARIANT]["weight-decay"] != VARIANTS["paper"]["weight-decay"]
+    assert paper_setting("fedmcsa", "synthetic", {})["weight-decay"] == VARIANTS[DEFAULT_VARIANT]["weight-decay"]
+    for variant in VARIANTS:
+        assert paper_setting("fedmcsa", "synthetic", {"variant": variant})["weight-decay"] == \
+            VARIANTS[variant]["weight-decay"]
+
+
 def test_an_option_set_alone_wins_over_the_variant():
     options = resolve_options(_cfg(**{"fedmcsa.variant": "authors-code", "fedmcsa.lambda": 2.5,
                                       "fedmcsa.component": "layer", "fedmcsa.size-weighting": False,
