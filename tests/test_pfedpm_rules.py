@@ -177,6 +177,7 @@ def test_the_strategy_sends_its_global_features_compactly_and_renews_them_after_
     s = _strategy(counts, agg="uniform")
     assert s.class_ids.shape == (0,) and s.features is None and s.counts.shape == (0,)
     assert s.class_ids.dtype == np.int64 and s.counts.dtype == np.int64  # the checkpoint's ids are integers
+    assert s.train_payload(0, 1) == {} and s.train_config(0, 1) == {HAS_GLOBAL: False}  # round 1: nothing yet
     assert s.reply_schema(0) == {wire.CLASS_FEATURES: {"class-ids": (2,), "features": (2, D), "counts": (2,)}}
     assert s.reply_schema(1)[wire.CLASS_FEATURES]["features"] == (2, D)
     f0, f1 = np.ones((2, D), np.float32), 3 * np.ones((2, D), np.float32)
@@ -184,6 +185,7 @@ def test_the_strategy_sends_its_global_features_compactly_and_renews_them_after_
     assert all(s.check_reply(r) is None for r in up)
     assert "counts differ" in s.check_reply(_Reply(0, _upload((0, 1), (5, 8), D, f0)))
     assert s.aggregate(1, up) == {"classes-reported": 3, "global-classes": 3}
+    assert s.train_config(0, 2) == {HAS_GLOBAL: True} == s.train_config(1, 2)  # the flag the client mixes on
     record = s.train_payload(0, 2)[GLOBAL_FEATURES]
     assert s.train_payload(1, 2)[GLOBAL_FEATURES] is record  # packed once for every client
     assert all(a.stype == wire.RAW_STYPE for a in record.values())  # compact: one raw Array per name
