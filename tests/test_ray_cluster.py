@@ -199,6 +199,7 @@ def test_clients_spread_over_two_ray_workers_reach_the_one_node_accuracy(cluster
     print("train replies per worker node:", per_node)
     assert all(n > 0 for n in per_node.values()) and sum(per_node.values()) == len(train), per_node
     assert not [r for r in placed if r["node_ip"] == cluster.head_ip]  # the head has no CPU for clients
+    cluster._wait_for_workers(timeout=20)  # the launch left the cluster it joined running, all three nodes
 
     one_node = simulate({**RUN, "results-dir": str(tmp_path / "one-node"), "run-name": "one-node"},
                         supernodes=CLIENTS, app_dir=ROOT, stream=False, timeout=900)
