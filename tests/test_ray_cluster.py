@@ -90,6 +90,15 @@ def test_a_client_outside_ray_says_where_it_runs_without_importing_ray():
     assert not ray_imported
 
 
+def test_every_reply_of_a_run_is_placed_in_placement_csv(inprocess):
+    summary, _ = inprocess(num_clients=2, **{"num-server-rounds": 1})
+    rows = _rows(Path(summary["results_dir"]) / "placement.csv")
+    assert [(r["round"], r["phase"], r["partition_id"]) for r in rows] == [
+        ("1", phase, str(pid)) for phase in ("train", "evaluate") for pid in range(2)]
+    assert {r["pid"] for r in rows} == {str(os.getpid())} and all(r["host"] for r in rows)
+    assert {r["node_ip"] for r in rows} == {""}  # not under Ray
+
+
 # ---------------------------------------------------------------- long: a cluster of namespaces
 class Cluster:
     """A Ray head (0 CPUs) in the link namespace, a 1-CPU worker in each node namespace."""
