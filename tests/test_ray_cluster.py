@@ -124,10 +124,10 @@ class Cluster:
         for k, ip in enumerate(self.worker_ips):
             self._ray_start(self.hosts.node_ns[k], f"w{k}", "--address", self.address, "--node-ip-address", ip,
                             "--num-cpus", "1")
-        self._wait_for_workers()
+        self.wait_for_nodes()
         return self
 
-    def _wait_for_workers(self, timeout: float = 180) -> None:
+    def wait_for_nodes(self, timeout: float = 180) -> None:
         """Until the head sees both workers' CPUs: the launch sizes its actor pool from them."""
         code = ("import time, ray; ray.init(address=%r, logging_level='ERROR'); t = time.time() + %d\n"
                 "while sum(n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive']) < %d and time.time() < t:"
@@ -208,7 +208,7 @@ def test_clients_spread_over_two_ray_workers_reach_the_one_node_accuracy(cluster
     print("train replies per worker node:", per_node)
     assert all(n > 0 for n in per_node.values()) and sum(per_node.values()) == len(train), per_node
     assert not [r for r in placed if r["node_ip"] == cluster.head_ip]  # the head has no CPU for clients
-    cluster._wait_for_workers(timeout=20)  # the launch left the cluster it joined running, all three nodes
+    cluster.wait_for_nodes(timeout=20)  # the launch left the cluster it joined running, all three nodes
 
     one_node = simulate({**RUN, "results-dir": str(tmp_path / "one-node"), "run-name": "one-node"},
                         supernodes=CLIENTS, app_dir=ROOT, stream=False, timeout=900)
