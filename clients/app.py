@@ -1,7 +1,7 @@
 """The ClientApp: routes each message to the configured method's client.
 
 Every reply carries the client's ``partition-id`` (node ids are random per run), its
-``num-examples`` and the round its client state comes from. Before a method sees a message,
+``num-examples``, the round its client state comes from and where it ran (``clients.placement``). Before a method sees a message,
 torch's, numpy's and Python's global generators are seeded from (seed, partition id, round,
 phase), so dropout and any other random operation repeat exactly under Ray and in deployment.
 A client that raises produces an error reply, which the server logs and drops; one whose GPU runs
@@ -16,10 +16,10 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import faults, state_store
+from clients import faults, placement, state_store
 from clients.base import ClientEnv, message_seed, set_client_threads
 from fedcore import wire
 from fedcore.config import Config
@@ -73,7 +73,8 @@ def _reply(msg: Message, env: ClientEnv, records: dict, metrics: dict, fault: st
     if fault is not None:
         records, metrics = faults.corrupt(fault, records, metrics, env.pid, env.num_clients)
         return Message(content=faults.reply_content(records, metrics), reply_to=msg)
-    return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
+    return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics),
+                                       wire.PLACEMENT: ConfigRecord(placement.where())}), reply_to=msg)
 
 
 def _client(env: ClientEnv):

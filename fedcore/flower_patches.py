@@ -13,6 +13,10 @@ processes it starts) takes out waits that Flower 1.41 hard-codes and offers no s
 * ``kick``: the simulation engine's message mover woken when the ServerApp has pushed messages, instead of
   at its next 0.1 s poll (the stop event of ``vce_api.add_messages_to_queue``).
 
+One is a fix, applied in every simulation (fast or stock runtime), since it changes nothing while all Ray
+actors live: ``dead_actors`` keeps an actor that died (its Ray node was lost) out of the simulation's actor
+pool, where Flower put it back to fail every later client sent to it (``BasicActorPool``).
+
 Each patch first checks the installed Flower version and the signature of what it replaces, and refuses
 with ``FlowerMismatch`` (naming what differs and the way out: the stock runtime) rather than change an
 internal it does not know; ``check_all`` runs every check without patching (``tests/test_flower_patches.py``
@@ -37,6 +41,9 @@ _SIGNATURES = {  # the parameters of what is replaced or wrapped, as Flower 1.41
     "install_from_fab": ["fab_file", "install_dir", "skip_prompt"],
     "get_executor": ["executor_type", "executor_config", "insecure", "root_certificates_path"],
     "add_messages_to_queue": ["state", "queue", "nodes_mapping", "f_stop"],
+    "submit": ["self", "actor_fn", "job"],
+    "add_actor_back_to_pool": ["self", "future"],
+    "fetch_result_and_return_actor_to_pool": ["self", "future"],
 }
 
 
@@ -119,8 +126,19 @@ def check_message_mover(target=None) -> None:
     _check_signature(target, "add_messages_to_queue")
 
 
+def check_actor_pool():
+    check_version()
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    for name in ("submit", "add_actor_back_to_pool", "fetch_result_and_return_actor_to_pool"):
+        fn = getattr(BasicActorPool, name)
+        _check_signature(getattr(fn, "__wrapped__", fn), name)
+    return BasicActorPool
+
+
 def check_all() -> None:
     """Every patch's check, nothing patched: raises FlowerMismatch when the installed Flower differs."""
+    check_actor_pool()
     check_object_pulls()
     check_supernode_sleep()
     check_fab_install()
@@ -223,4 +241,101 @@ def kick() -> bool:
         wake = _hook(f_stop)
         setattr(f_stop, _WAKE, wake)
     wake.set()
+    return True
+
+
+# ---------------------------------------------------------------- dead Ray actors leave the pool
+# Flower 1.41's Ray backend runs one worker thread per actor; each takes an idle actor from
+# ``BasicActorPool.pool``, runs a client on it and puts it back, also when the task failed. An actor whose
+# Ray node died (machine lost, raylet killed) then went back too and failed every later client at once
+# (measured with tests/test_ray_cluster.py, 20 clients on two one-CPU workers, one killed in round 2:
+# stock Flower kept 15 of 20 train replies and 1 of 20 evaluations in round 2, 2 and 3 of 20 in round 3;
+# with this patch 19 and 20 in round 2, all 20 in round 3). Here an actor whose task raised
+# ``ActorDiedError`` (Flower starts actors without restarts), or that was unavailable or lost a finished
+# reply with its node and then no longer answers, is dropped, and a thread finding no idle actor waits for
+# one instead of failing on an empty list; the clients then share the actors that are left. No
+# replacement is started: on a cluster without free CPUs it would wait for resources forever, holding its
+# client's reply.
+_POOL_LOCK = threading.Lock()
+
+
+def _idle(pool) -> threading.Condition:
+    with _POOL_LOCK:
+        if not hasattr(pool, "_pfl_idle"):
+            pool._pfl_idle = threading.Condition()
+        return pool._pfl_idle
+
+
+ACTOR_PROBE_S = 120  # an idle live actor answers at once; Ray declares a silent node dead within ~30 s
+
+
+def _answers(ray, actor) -> bool:
+    """Whether ``actor`` is alive: an actor Ray calls unavailable, or a reply of its that was lost (it
+    lived in the object store of a node that died after making it), says nothing for sure until this
+    asks it; once Ray has declared its node dead, the answer is ``ActorDiedError``."""
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=ACTOR_PROBE_S)
+        return True
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+
+
+def dead_actors() -> bool:
+    """Patch ``BasicActorPool`` (once per process); False where it already was."""
+    pool_cls = check_actor_pool()
+    if getattr(pool_cls.submit, "__wrapped__", None) is not None:
+        return False
+    import ray
+
+    flower_submit = pool_cls.submit
+    flower_back = pool_cls.add_actor_back_to_pool
+    flower_fetch = pool_cls.fetch_result_and_return_actor_to_pool
+
+    def submit(self, actor_fn, job):
+        idle = _idle(self)
+        with idle:  # a live actor comes back when another thread's client ends
+            idle.wait_for(lambda: self.pool or self.num_actors <= 0)
+            if not self.pool:
+                raise RuntimeError("every Ray actor of the simulation has died (their nodes were lost)")
+            return flower_submit(self, actor_fn, job)
+
+    def add_actor_back_to_pool(self, future):
+        idle = _idle(self)
+        with idle:
+            if future in self._future_to_actor:  # gone when its actor died (``fetch`` below)
+                flower_back(self, future)
+                idle.notify()
+
+    def drop(self, future) -> None:
+        idle = _idle(self)
+        with idle:
+            if self._future_to_actor.pop(future, None) is None:
+                return
+            self.num_actors -= 1
+            idle.notify_all()  # threads waiting for an actor see when none is left
+        from logging import WARNING
+
+        from flwr.supercore import log
+
+        log(WARNING, "a Ray actor died (its node was lost?): %s actor(s) left in the pool", self.num_actors)
+
+    def fetch_result_and_return_actor_to_pool(self, future):
+        try:
+            return flower_fetch(self, future)
+        except ray.exceptions.ActorDiedError:
+            drop(self, future)
+            raise
+        # unreachable for now (ActorUnavailableError), or the reply was made on a node that is gone since
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+            actor = self._future_to_actor.get(future)
+            if actor is not None and not _answers(ray, actor):
+                drop(self, future)
+            raise
+
+    for name, fn, original in (("submit", submit, flower_submit),
+                               ("add_actor_back_to_pool", add_actor_back_to_pool, flower_back),
+                               ("fetch_result_and_return_actor_to_pool", fetch_result_and_return_actor_to_pool,
+                                flower_fetch)):
+        fn.__wrapped__ = original
+        setattr(pool_cls, name, fn)
     return True

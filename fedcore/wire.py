@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 # Record names (CONFIG and METRICS are reserved for the base on both sides)
 CONFIG = "config"
 METRICS = "metrics"
-RESERVED_RECORDS = (CONFIG, METRICS)
+PLACEMENT = "placement"  # client -> server ConfigRecord: where the reply was computed (PLACEMENT_KEYS)
+RESERVED_RECORDS = (CONFIG, METRICS, PLACEMENT)
+PLACEMENT_KEYS = ("host", "pid", "node-ip", "ray-node-id")  # node-ip and ray-node-id: "" outside Ray
 WEIGHTS = "weights"
 CLASS_FEATURES = "class-features"
 # array keys of the class-feature payload (and of the records made of class features: pFedPM's global features,
@@ -364,3 +366,14 @@ def serialised_bytes(content: RecordDict) -> int:
     from flwr.common.serde import recorddict_to_proto
 
     return recorddict_to_proto(content).ByteSize()
+
+
+def placement_of(msg) -> dict | None:
+    """A reply's ``PLACEMENT`` record as a dict of ``PLACEMENT_KEYS`` (None for an error reply or a
+    client that sent none): which machine and process computed it, for the run's placement.csv."""
+    if msg.has_error():
+        return None
+    record = msg.content.get(PLACEMENT)
+    if not isinstance(record, ConfigRecord):
+        return None
+    return {key: record.get(key, "") for key in PLACEMENT_KEYS}

@@ -7,6 +7,9 @@ Ray workers). This module starts a private simulation SuperLink (own FLWR_HOME a
 prints the summary table. Exit status 0 only for ``finished:completed``.
 
     python -m server_app.launch --supernodes 10 --run-config "method='fedavg' num-server-rounds=5"
+
+``--ray-address HOST:PORT`` joins an existing Ray cluster instead (docs/scale.md): no private head
+is started, and the cluster is left running.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 from fedcore import flower_patches
 from runner import flower_cli as fc
 from runner.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
-from runner.ray_head import RayHead, RayHeadEnded
+from runner.ray_head import RayHead, RayHeadEnded, check_cluster
 from runner.staged_app import stage_app
 
 COMMAND_T0 = time.time()  # when this command started: start-up time is measured from here
@@ -31,8 +34,10 @@ COMMAND_T0 = time.time()  # when this command started: start-up time is measured
 class LocalSimulationLink:
     """A private ``flower-superlink --simulation`` that this process starts and stops."""
 
-    def __init__(self, app_dir: Path, flwr_home: Path, started: float | None = None, runtime: str = "fast"):
+    def __init__(self, app_dir: Path, flwr_home: Path, started: float | None = None, runtime: str = "fast",
+                 ray_address: str | None = None):
         self.app_dir = app_dir
+        self.ray_address = ray_address  # an existing cluster to join (HOST:PORT), else a private head
         self.home = flwr_home
         self.port = fc.free_port()
         # PFL_LAUNCHER: the ServerApp leaves the summary table to the launcher (printed once)
@@ -59,8 +64,12 @@ class LocalSimulationLink:
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
         with ExitStack() as stack:  # stops what started so far if the start fails
             # Ray, the SuperLink and the staged app start side by side; flwr-simulation joins this Ray
-            ray = stack.enter_context(RayHead(self.env, self.app_dir, self.home / "ray.log", avoid_ports=(self.port,)))
-            self.env["RAY_ADDRESS"] = ray.address
+            if self.ray_address:  # the user's cluster: joined, never started or stopped here
+                ray = None
+                self.env["RAY_ADDRESS"] = self.ray_address
+            else:
+                ray = stack.enter_context(RayHead(self.env, self.app_dir, self.home / "ray.log", avoid_ports=(self.port,)))
+                self.env["RAY_ADDRESS"] = ray.address
             log_file = self.home / "superlink.log"
             cmd = [fc.bin_path("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
                    "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(log_file),
@@ -71,9 +80,10 @@ class LocalSimulationLink:
             stack.callback(fc.stop, self.proc)
             self.app = stage_app(self.app_dir, self.home / "app")  # flwr run's FAB build skips .venv (2.9 s)
             fc.wait_healthy(self.port, self.proc, log_file)
-            ray.check_alive()
-            ray.watch(self._ray_ended)
-            self.ray = ray
+            if ray is not None:
+                ray.check_alive()
+                ray.watch(self._ray_ended)
+                self.ray = ray
             self._stack = stack.pop_all()
         return self
 
@@ -106,14 +116,18 @@ class LocalSimulationLink:
 def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = Path("."),
              cpus_per_client: int = 1, gpus_per_client: float | None = None, stream: bool = True,
              timeout: float = 7200, flwr_home: Path | None = None, started: float | None = None,
-             runtime: str = "fast") -> dict:
+             runtime: str = "fast", ray_address: str | None = None) -> dict:
     """Run one simulation; returns {"status", "details", "summary" (or None), "results_dir", "run_id",
     "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts, a CUDA
     device this machine lacks included. ``gpus_per_client`` None: the run's device decides (``gpu_share``).
-    ``runtime``: "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower as shipped)."""
+    ``runtime``: "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower as shipped).
+    ``ray_address``: join that Ray cluster (``HOST:PORT`` of its head) instead of starting a private head;
+    one this machine cannot reach raises ``ClusterUnreachable`` here, before anything starts."""
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
+    if ray_address:
+        check_cluster(ray_address)
     if gpus_per_client is None:
         gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
     elif gpus_per_client <= 0 and str(cfg["device"]).startswith("cuda"):
@@ -126,7 +140,7 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     home = flwr_home or Path(tempfile.mkdtemp(prefix="flwr-home-"))
     runs, ray_failure, cli_failure = [], None, None
     try:
-        with LocalSimulationLink(app_dir, home, started or time.time(), runtime) as link:
+        with LocalSimulationLink(app_dir, home, started or time.time(), runtime, ray_address) as link:
             args = ["run", str(link.app), "--run-config", fc.toml_overrides(config), "--federation-config", federation]
             try:
                 runs = _submit_and_wait(link, args, app_dir, stream, timeout)
@@ -223,8 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", choices=(flower_patches.FAST, flower_patches.STOCK), default=flower_patches.FAST,
                         help="fast: the ServerApp wakes Flower's simulation engine after each push "
                              "(fedcore.flower_patches); flower: Flower as shipped")
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="join this existing Ray cluster (its head's GCS address; this machine must be one of "
+                             "its nodes) instead of starting a private Ray head; the cluster is left running")
     args = parser.parse_args(argv)
     from fedcore.config import ConfigError
+    from runner.ray_head import ClusterUnreachable
     from server_app.results import RunFolderError
 
     fc.stop_on_signals()
@@ -233,9 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         result = simulate(overrides, supernodes=args.supernodes, app_dir=Path(args.app),
                           cpus_per_client=args.cpus_per_client,
                           gpus_per_client=None if args.gpus_per_client < 0 else args.gpus_per_client,
-                          started=COMMAND_T0, runtime=args.runtime)
+                          started=COMMAND_T0, runtime=args.runtime, ray_address=args.ray_address)
     except (ConfigError, RunFolderError) as err:
         print(f"configuration error: {err}", file=sys.stderr)
+        return 2
+    except ClusterUnreachable as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     except fc.Interrupted as sig:
         print(f"\ninterrupted by {sig}: the SuperLink and the simulation were stopped; the run is not complete "

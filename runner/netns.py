@@ -101,6 +101,22 @@ class NetworkHosts:
         while Path(f"/sys/class/net/pf{self.tag}p0").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
 
+    def route_through_link(self) -> None:
+        """Let every host reach every other (a Ray cluster's nodes talk to the head's address and to each
+        other): each SuperNode namespace sends everything to its link peer, and the link namespace, whose
+        own addresses all answer, forwards between its veths (``ip_forward`` of that namespace only)."""
+        for k, ns in enumerate(self.node_ns, start=1):
+            _ip("-n", ns, "route", "add", "default", "via", f"{PREFIX}{4 * k + 1}")
+        out = subprocess.run(["ip", "netns", "exec", self.link_ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                             text=True, capture_output=True, timeout=30)
+        if out.returncode != 0:
+            raise RuntimeError(f"forwarding in {self.link_ns}: {out.stderr.strip()}")
+
+    def pids(self, ns: str) -> list[int]:
+        """Every process in namespace ``ns`` (``ip netns pids``)."""
+        out = subprocess.run(["ip", "netns", "pids", ns], text=True, capture_output=True, timeout=30)
+        return [int(p) for p in out.stdout.split()]
+
     @property
     def link(self) -> Host:
         """The SuperLink, as this machine reaches it."""

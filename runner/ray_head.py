@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,61 @@ START_WITHOUT_CLIENT_SERVER = ("import sys; import ray.scripts.scripts as cli; "
 class RayHeadEnded(RuntimeError):
     """The Ray head exited before it was stopped: during the launch's start-up (``check_alive``) or
     under its run (``watch``); the launch ends with this reason either way."""
+
+
+class ClusterUnreachable(RuntimeError):
+    """``--ray-address`` names a Ray cluster that this machine cannot reach: refused at start, before
+    the SuperLink starts (``ray.init`` would otherwise retry for a minute under a submitted run)."""
+
+
+def check_cluster(address: str, timeout: float = 5.0) -> str:
+    """``address`` (``HOST:PORT`` of an existing cluster's head, its GCS port) as given, once a TCP
+    connection to it succeeds and a Ray GCS answers there, each within ``timeout`` s; else
+    ``ClusterUnreachable`` with the address and the reason (connection refused, timed out, unknown
+    host, not a Ray GCS)."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterUnreachable(f"Ray cluster address {address!r} is not HOST:PORT (the head's GCS port, "
+                                 "6379 unless `ray start --head --port` said otherwise)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+        return _check_gcs(address, timeout)
+    except socket.timeout:
+        reason = f"no answer within {timeout:g} s (a firewall, or no such host on this network)"
+    except socket.gaierror as err:
+        reason = f"unknown host ({err.strerror})"
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if isinstance(err, ConnectionRefusedError):
+            reason = "connection refused (no Ray head listens there)"
+    raise ClusterUnreachable(f"cannot reach the Ray cluster at {address}: {reason}")
+
+
+def _check_gcs(address: str, timeout: float) -> str:
+    """``address`` once a Ray GCS answers there (its cluster id): a port that accepts connections may
+    be another service (a proxy answered HTTP 404 on one here). The client blocks in Ray's C++ code for
+    up to 35 s, so it runs in a thread that is left behind when it has not answered in ``timeout`` s."""
+    from ray._raylet import GcsClient  # about 1 s: only for a launch that joins a cluster
+
+    answer: list = []
+
+    def ask():
+        try:
+            answer.append(GcsClient(address=address).cluster_id.hex())
+        except Exception as err:  # Ray's RpcError, with its reason
+            answer.append(err)
+
+    thread = threading.Thread(target=ask, name="ray-gcs-check", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not answer:
+        raise ClusterUnreachable(f"cannot reach the Ray cluster at {address}: a connection opens but no Ray GCS "
+                                 f"answered within {timeout:g} s (is it the head's --port?)")
+    if isinstance(answer[0], Exception):
+        raise ClusterUnreachable(f"cannot reach the Ray cluster at {address}: not a Ray GCS ({answer[0]})")
+    return address
 
 
 class RayHead:

@@ -169,6 +169,7 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
                **_method_columns(metrics, "m_"), "wall_s": time.monotonic() - start, "startup_s": prep_startup}
         row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies))
         writer.add_round(row, None, strategy.round_matrices)
+        writer.add_placement(0, "prepare", replies)
         tracking.round(row, None, strategy.round_matrices)
         strategy.round_matrices = {}
         save_checkpoint(0)
@@ -206,6 +207,9 @@ def run_experiment(grid: Grid, cfg: Config) -> dict:
         row["state_lost"] = len(strategy.state_lost) - lost_before
         row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies), eval_bytes_down=_bytes(eval_msgs))
         writer.add_round(row, evaluation, strategy.round_matrices)
+        writer.add_placement(rnd, "train", replies)
+        if eval_msgs:
+            writer.add_placement(rnd, "evaluate", eval_replies)
         tracking.round(row, evaluation, strategy.round_matrices)
         strategy.round_matrices = {}
         save_checkpoint(rnd)

@@ -40,7 +40,8 @@ def tune_grid(grid: Grid) -> None:
     """Shorten Flower's waits for replies, once per run, before the first exchange.
 
     Simulation (``InMemoryGrid``): its ``send_and_receive`` sleeps ``pull_interval`` (0.1 s) between
-    pulls, so each phase ended up to 0.1 s after its last reply, twice per round; 10 ms instead.
+    pulls, so each phase ended up to 0.1 s after its last reply, twice per round; 10 ms instead; and an
+    actor of a lost Ray node leaves the engine's pool (``flower_patches.dead_actors``, any runtime).
     Deployed (``HttpGrid``), in a fast-runtime run only (``PFL_RUNTIME=fast``): a reply's objects that are not on
     the SuperLink yet are retried after 10 ms, not Flower's fixed 1 s (``flower_patches.object_pulls``).
     """
@@ -49,6 +50,7 @@ def tune_grid(grid: Grid) -> None:
 
     if isinstance(grid, InMemoryGrid):
         grid.pull_interval = IN_MEMORY_PULL_INTERVAL_S
+        flower_patches.dead_actors()  # a lost Ray node costs only the replies it was computing
     elif isinstance(grid, HttpGrid) and flower_patches.asked():
         flower_patches.object_pulls(PULL_INTERVALS_S[1])
 

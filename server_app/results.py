@@ -21,12 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcore import wire
+
 ROUND_FIELDS = ["round", "acc_weighted", "acc_client_mean", "acc_client_std", "loss", "train_loss",
                 "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "eval_s", "startup_s", "replies", "dropped",
                 "eval_clients", "state_round_min", "state_lost"]
 CLIENT_FIELDS = ["round", "partition_id", "accuracy", "test_samples"]
 VAL_FIELDS = ["val_acc_weighted", "val_acc_client_mean", "val_loss"]  # after acc_client_std, with validation
 VAL_CLIENT_FIELDS = ["val_accuracy", "val_samples"]
+PLACEMENT_FIELDS = ["round", "phase", "partition_id", "node_ip", "ray_node_id", "host", "pid"]
 LAST_K = 10  # summary's "mean of the last evaluations": harder to flatter than a best-of-test
 
 
@@ -116,15 +119,18 @@ class ResultsWriter:
         else:
             with open(self.dir / "clients.csv", "w", newline="") as f:
                 csv.DictWriter(f, self._client_fields).writeheader()
+            with open(self.dir / "placement.csv", "w", newline="") as f:
+                csv.DictWriter(f, PLACEMENT_FIELDS).writeheader()
 
     def _truncate_to(self, last_round: int) -> None:
         """Remove what rounds after the checkpoint left behind: clients.csv rows, matrices, the old summary."""
-        path = self.dir / "clients.csv"
-        rows = list(csv.DictReader(open(path))) if path.exists() else []
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, self._client_fields)
-            w.writeheader()
-            w.writerows(r for r in rows if int(r["round"]) <= last_round)
+        for name, fields in (("clients.csv", self._client_fields), ("placement.csv", PLACEMENT_FIELDS)):
+            path = self.dir / name
+            rows = list(csv.DictReader(open(path))) if path.exists() else []
+            with open(path, "w", newline="") as f:
+                w = csv.DictWriter(f, fields)
+                w.writeheader()
+                w.writerows(r for r in rows if int(r["round"]) <= last_round)
         for matrix in (self.dir / "round_matrices").glob("*.json"):
             if int(matrix.stem) > last_round:
                 matrix.unlink()
@@ -185,6 +191,20 @@ class ResultsWriter:
                 for r in rows:
                     r["val_accuracy"], r["val_samples"] = val.get(r["partition_id"], ("", ""))
             self._append("clients.csv", self._client_fields, rows)
+
+    def add_placement(self, server_round: int, phase: str, replies) -> None:
+        """placement.csv: which host, process and (under Ray) cluster node computed each reply of a phase;
+        error replies and replies without a ``placement`` record (a fault-injected one) have no row."""
+        rows = []
+        for msg in replies:
+            where = wire.placement_of(msg)
+            if where is not None and wire.PARTITION_ID in msg.content.get(wire.METRICS, {}):
+                rows.append({"round": server_round, "phase": phase,
+                             "partition_id": int(msg.content[wire.METRICS][wire.PARTITION_ID]),
+                             "node_ip": where["node-ip"], "ray_node_id": where["ray-node-id"],
+                             "host": where["host"], "pid": where["pid"]})
+        if rows:
+            self._append("placement.csv", PLACEMENT_FIELDS, sorted(rows, key=lambda r: r["partition_id"]))
 
     def finish(self, num_clients: int, dropped: list[dict], status: str = "completed") -> dict:
         evaluated = [r for r in self.rounds if _is_number(r.get("acc_weighted"))]
