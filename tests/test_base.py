@@ -356,6 +356,23 @@ def test_byte_count_from_array_sizes_matches_the_serialised_size():
     assert wire.content_bytes(big, seen) == wire.content_bytes(big, seen) == wire.content_bytes(big)
 
 
+def test_the_byte_columns_leave_out_the_replys_placement_record():
+    """placement.csv's telemetry is not the method's traffic: a reply counts the same with or without it."""
+    from flwr.app import Metadata
+
+    from server_app.app import _bytes
+
+    records = {wire.METRICS: MetricRecord({wire.PARTITION_ID: 1, "loss": 0.25}),
+               wire.CLASS_FEATURES: wire.pack_class_features(np.arange(2), np.ones((2, 50)), [3, 4])}
+    placement = ConfigRecord({"host": "h", "pid": 7, "node-ip": "10.0.0.2", "ray-node-id": "ab" * 28})
+    meta = Metadata(run_id=1, message_id="", src_node_id=1, dst_node_id=0, reply_to_message_id="m",
+                    group_id="1", created_at=0.0, ttl=60.0, message_type="train")
+    bare = Message(content=RecordDict(records), metadata=meta)
+    placed = Message(content=RecordDict({**records, wire.PLACEMENT: placement}), metadata=meta)
+    assert wire.content_bytes(placed.content) > wire.content_bytes(bare.content)
+    assert _bytes([placed]) == _bytes([bare]) == wire.content_bytes(bare.content)
+
+
 def test_array_views_equal_flowers_copies_and_refuse_bad_data():
     arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.asfortranarray(np.ones((3, 2))),
               np.array(5, dtype=np.int64), np.zeros(0, np.float32), np.array([True, False])]
