@@ -109,11 +109,15 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
              runtime: str = "fast") -> dict:
     """Run one simulation; returns {"status", "details", "summary" (or None), "results_dir", "run_id",
     "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts, a CUDA
-    device this machine lacks included. ``gpus_per_client`` None: the run's device decides (``gpu_share``).
+    device this machine lacks included, and so is a run too big for the memory available
+    (``runner.memory_budget``). ``gpus_per_client`` None: the run's device decides (``gpu_share``).
     ``runtime``: "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower as shipped)."""
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
+    from runner.memory_budget import check_launch
+
+    check_launch(supernodes, cpus_per_client)  # NotEnoughMemory (a ConfigError) for a run that would not fit
     if gpus_per_client is None:
         gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
     elif gpus_per_client <= 0 and str(cfg["device"]).startswith("cuda"):
