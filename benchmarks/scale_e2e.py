@@ -43,8 +43,8 @@ FIELDS = ["clients", "rounds", "fraction", "method", "status", "peak_pss_gb", "p
           "load_at_start", "cpus", "mem_total_gb", "command", "commit"]
 
 
-def run_config(clients: int, rounds: int, fraction: float, method: str, results_dir: Path) -> str:
-    return (f"method='{method}' dataset='mnist5k' num-server-rounds={rounds} fraction-train={fraction} "
+def run_config(clients: int, rounds: int, fraction: float, method: str, results_dir: Path, device: str = "auto") -> str:
+    return (f"method='{method}' dataset='mnist5k' num-server-rounds={rounds} fraction-train={fraction} device='{device}' "
             f"eval-every=1 client-threads=1 results-dir='{results_dir}' run-name='scale-{clients}'")
 
 
@@ -67,11 +67,11 @@ def _mem_total() -> float:
 
 
 def measure(clients: int, rounds: int, fraction: float, method: str, workdir: Path,
-            timeout: float = 3600, interval: float = 0.5) -> dict:
+            timeout: float = 3600, interval: float = 0.5, device: str = "auto") -> dict:
     """One launch of ``clients`` virtual SuperNodes, sampled while it runs; returns a table row."""
     results = workdir / "results"
     cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", str(clients), "--cpus-per-client", "1",
-           "--run-config", run_config(clients, rounds, fraction, method, results)]
+           "--run-config", run_config(clients, rounds, fraction, method, results, device)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log_path = workdir / f"launch-{clients}.log"
     load = load_average()
@@ -148,12 +148,12 @@ def table(rows: list[dict], command: str, commit: str) -> str:
     for k in KIND_NAMES:
         kl = fit(rows, f"pss_gb {k}")
         if kl is not None:
-            parts.append(f"{k} {kl[1] * 1e6:+.2f} MB")
+            parts.append(f"{k} {kl[1] * 1e3:+.3f} MB")
     largest = (BUDGET_BYTES / 1e9 - a) / b if b > 0 else float("inf")
     lines += [f"Per-client growth (least squares through the completed points): peak PSS = {a:.2f} GB + "
-              f"{b * 1e6:.2f} MB x clients; by kind of process (PSS at the peak): {', '.join(parts)} per client.",
+              f"{b * 1e3:.2f} MB x clients; by kind of process (PSS at the peak): {', '.join(parts)} per client.",
               f"Largest client count whose peak fits in 24 GB (24 x 10^9 bytes), an extrapolation of that line far "
-              f"beyond the measured points: about {largest:,.0f} clients" if b > 0 else
+              f"beyond the measured points: about {largest:,.0f} clients." if b > 0 else
               "The fitted slope is not positive: no extrapolation."]
     return "\n".join(lines) + "\n"
 
@@ -170,6 +170,19 @@ def write(rows: list[dict], out: Path, command: str, commit: str) -> str:
     return text
 
 
+def read_csv(path: Path) -> list[dict]:
+    """The rows of a table.csv, numbers as numbers (for ``--rebuild``)."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("method", "status", "command", "commit") and v not in (None, ""):
+                r[k] = int(v) if k in ("clients", "rounds", "processes", "cpus") else float(v)
+            elif v == "":
+                r[k] = None
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="100,300,1000", help="comma-separated client counts, one run each")
@@ -180,8 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/results/scale-e2e"))
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write a docs/ table from uncommitted code (to try things)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="run nothing: write table.md again from the table.csv in --out (its command and commit)")
     args = parser.parse_args(argv)
     from runner.provenance import command_line, commit, guard
+
+    if args.rebuild:
+        rows = read_csv(args.out / "table.csv")
+        print(write(rows, args.out, rows[0]["command"], rows[0]["commit"]))
+        return 0
 
     dirty = guard(args.out, args.allow_dirty)
     command = command_line("benchmarks.scale_e2e", argv)
