@@ -6,12 +6,14 @@ The launcher estimates the run's peak memory from the client count and refuses a
 fit, with the estimate and the available memory in the message.
 
 The constants are the proportional set size (PSS: a shared page counted once) of a whole launch, measured
-by ``python -m benchmarks.scale_e2e`` (FedAvg, mnist5k, 10% participation, 100 / 300 / 1,000 clients;
-docs/results/scale-e2e/table.md): a fixed part (SuperLink, Ray head, flwr-simulation, launcher), one
-client actor's share (one runs per ``cpus-per-client`` cores), and a least-squares slope per virtual
-client (the SuperLink's and the simulation's per-node bookkeeping, each node's Context and the
-per-client results). A method whose server keeps one model per client (FedAMP, FedMCSA, FedSaC, ...)
-adds that model's size per client on top: the estimate is a floor for those.
+by ``python -m benchmarks.scale_e2e`` (FedAvg, mnist5k, 10% participation, 100 / 300 / 1,000 / 2,000
+clients on 2 cores; docs/results/scale-e2e/table.md, commit fe385b2): the least-squares line there is
+1.98 GB + 0.27 MB per client, of which the two client actors held 0.78-0.92 GB. So: a fixed part
+(SuperLink, Ray head, flwr-simulation, launcher: the line's 1.98 GB less two actors), one client actor's
+largest share (one runs per ``cpus-per-client`` cores), and the slope per virtual client (mostly
+flwr-simulation: the ServerApp's per-client records and Flower's per-node contexts and messages). Rounded up:
+the estimate is 0.1-0.2 GB above every measured peak. A method whose server keeps one model per client
+(FedAMP, FedMCSA, FedSaC, ...) adds that model's size per client on top: the estimate is a floor for those.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import os
 from fedcore.config import ConfigError
 
 # measured, see the module docstring (bytes, PSS)
-FIXED_BYTES = 1_000_000_000
-PER_ACTOR_BYTES = 400_000_000
-PER_CLIENT_BYTES = 1_000_000
+FIXED_BYTES = 1_200_000_000
+PER_ACTOR_BYTES = 470_000_000
+PER_CLIENT_BYTES = 270_000
 # what the estimate must leave free: the page cache and whatever else runs on the machine meanwhile
 HEADROOM = 1.10
 SKIP_ENV = "PFL_SKIP_MEMORY_CHECK"  # "1": start the run whatever the estimate says

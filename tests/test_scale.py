@@ -113,3 +113,14 @@ def test_rebuild_writes_the_same_table_from_table_csv(tmp_path):
     (tmp_path / "table.md").unlink()
     assert scale_e2e.main(["--rebuild", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "table.md").read_text() == made
+
+
+def test_the_budget_constants_cover_every_measured_peak_of_the_committed_table():
+    """The estimate is the benchmark's measurement, rounded up: at or above each completed run's peak PSS in
+    docs/results/scale-e2e/table.csv, and not so far above that it refuses runs that fit (within 0.5 GB)."""
+    rows = [r for r in scale_e2e.read_csv(ROOT / "docs/results/scale-e2e/table.csv")
+            if r["status"] == "finished:completed"]
+    assert len(rows) >= 3
+    for r in rows:
+        need = mb.estimate_bytes(r["clients"], r["cpus"]) / 1e9
+        assert r["peak_pss_gb"] <= need <= r["peak_pss_gb"] + 0.5, r["clients"]
