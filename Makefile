@@ -27,7 +27,7 @@ CERTS_DIR ?= certs
 SUPERLINK_NAMES ?= localhost,127.0.0.1
 
 .PHONY: install data run test bench bench-server deploy-local clean certs deploy-netns docker-setup docker-base \
-	docker-run test-deploy bench-deploy bench-deploy-rivals bench-sim readme test-long
+	docker-run test-deploy bench-deploy bench-deploy-rivals bench-sim readme test-long bench-scale
 
 install: $(STAMP)
 
@@ -142,6 +142,10 @@ bench-deploy-rivals: $(STAMP)
 # flwr run vs the same work sequentially on one thread: fedavg, fedproto, ditto, 20 clients, 50 rounds (README table)
 bench-sim: $(STAMP)
 	$(BIN)/python -m benchmarks.sim_speed --methods fedavg,fedproto,ditto --clients 20 --rounds 50 --out docs/results/sim-speed
+
+# one real flwr run per client count: peak memory of the whole launch and s/round (docs/performance.md, "Scale")
+bench-scale: $(STAMP)
+	$(BIN)/python -m benchmarks.scale_e2e --clients 100,300,1000,2000 --rounds 5 --fraction 0.1 --out docs/results/scale-e2e
 
 # refresh every table of README.md and docs/**/*.md from the table.md its benchmark wrote (<!-- table: path --> blocks)
 readme: $(STAMP)

@@ -25,6 +25,7 @@ from pathlib import Path
 from fedcore import flower_patches
 from runner import flower_cli as fc
 from runner.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
+from runner.memory_budget import check_launch
 from runner.ray_head import RayHead, RayHeadEnded, check_cluster
 from runner.staged_app import stage_app
 
@@ -119,15 +120,18 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
              runtime: str = "fast", ray_address: str | None = None) -> dict:
     """Run one simulation; returns {"status", "details", "summary" (or None), "results_dir", "run_id",
     "min_replies"}. A bad config raises ConfigError (or RunFolderError) before anything starts, a CUDA
-    device this machine lacks included. ``gpus_per_client`` None: the run's device decides (``gpu_share``).
-    ``runtime``: "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower as shipped).
-    ``ray_address``: join that Ray cluster (``HOST:PORT`` of its head) instead of starting a private head;
-    one this machine cannot reach raises ``ClusterUnreachable`` here, before anything starts."""
+    device this machine lacks included, and so is a run too big for this machine's memory (``runner.memory_budget``;
+    not checked when the clients run on a Ray cluster). ``gpus_per_client`` None: the run's device decides
+    (``gpu_share``). ``runtime``: "fast" (Flower internals patched, ``fedcore.flower_patches``) or "flower" (Flower
+    as shipped). ``ray_address``: join that Ray cluster (``HOST:PORT`` of its head) instead of starting a private
+    head; one this machine cannot reach raises ``ClusterUnreachable`` here, before anything starts."""
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
     if ray_address:
         check_cluster(ray_address)
+    else:
+        check_launch(supernodes, cpus_per_client)  # NotEnoughMemory (a ConfigError) for a run that would not fit
     if gpus_per_client is None:
         gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
     elif gpus_per_client <= 0 and str(cfg["device"]).startswith("cuda"):
