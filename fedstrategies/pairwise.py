@@ -26,6 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import torch
+
+from fedstrategies import server_device
 
 BLOCK = 1 << 22  # values per column block (16 MB of float32 for each side)
 STREAM_ROWS = 16  # against at most this many vectors, gram streams the other side instead of stacking it
@@ -91,12 +94,13 @@ def _stream_cross(large: Sequence[State], small: Sequence[State], keys: Sequence
     return cross, sq
 
 
-def _blocks(states: Sequence[State], key: str, width: int):
-    """(start, stop, rows) column blocks of tensor ``key`` of every state, as float32 rows (a new array)."""
+def _blocks(states: Sequence[State], key: str, width: int, upload: server_device.Uploader):
+    """(start, stop, rows) column blocks of tensor ``key`` of every state, as float32 rows on the server
+    device (a new tensor)."""
     size = int(np.asarray(states[0][key]).size)
     for start in range(0, size, width):
         stop = min(size, start + width)
-        yield start, stop, np.stack([np.asarray(s[key]).reshape(-1)[start:stop] for s in states], dtype=np.float32)
+        yield start, stop, upload.rows([np.asarray(s[key]).reshape(-1)[start:stop] for s in states])
 
 
 def gram(states: Sequence[State], others: Sequence[State] | None = None, keys: Sequence[str] | None = None,
@@ -125,25 +129,27 @@ def gram(states: Sequence[State], others: Sequence[State] | None = None, keys: S
 
 def _gram(states: Sequence[State], others: Sequence[State] | None, keys: Sequence[str],
           minus: State | None) -> np.ndarray:
-    """``gram`` over distinct states: one matrix product per column block of every tensor."""
+    """``gram`` over distinct states: one float32 matrix product per column block of every tensor, on
+    the server device (``server_device``), summed there in float64."""
     same = others is None
     others = states if same else others
-    out = np.zeros((len(states), len(others)))
     width = max(1, BLOCK // max(len(states), len(others)))
+    upload = server_device.Uploader(width * max(len(states), len(others)))
+    out = torch.zeros((len(states), len(others)), dtype=torch.float64, device=upload.device)
     for key in keys:
-        ref = None if minus is None else np.asarray(minus[key], dtype=np.float32).reshape(-1)
-        right = None if same else _blocks(others, key, width)
-        for start, stop, a in _blocks(states, key, width):
+        ref = None if minus is None else server_device.tensor(np.asarray(minus[key]).reshape(-1))
+        right = None if same else _blocks(others, key, width, upload)
+        for start, stop, a in _blocks(states, key, width, upload):
             if ref is not None:
                 a -= ref[start:stop]
             if same:
-                out += a @ a.T
+                out += (a @ a.T).double()
                 continue
             b = next(right)[2]
             if ref is not None:
                 b -= ref[start:stop]
-            out += a @ b.T
-    return out
+            out += (a @ b.T).double()
+    return server_device.to_host(out)
 
 
 def cosine_matrix(g: np.ndarray) -> np.ndarray:
@@ -258,11 +264,13 @@ def _stream_mix(w32: np.ndarray, states: Sequence[State], key: str, size: int) -
 
 
 def _gemm_mix(w32: np.ndarray, states: Sequence[State], key: str, size: int, dtype) -> np.ndarray:
-    """W @ [x_j] of tensor ``key``: one float32 matrix product per column block."""
+    """W @ [x_j] of tensor ``key``: one float32 matrix product per column block, on the server device."""
     width = max(1, BLOCK // len(states))
+    upload = server_device.Uploader(width * len(states))
+    w = server_device.tensor(w32)
     result = np.empty((len(w32), size), dtype=dtype)
     for start in range(0, size, width):
         stop = min(size, start + width)
-        block = np.stack([np.asarray(s[key]).reshape(-1)[start:stop] for s in states], dtype=np.float32)
-        result[:, start:stop] = w32 @ block
+        block = upload.rows([np.asarray(s[key]).reshape(-1)[start:stop] for s in states])
+        result[:, start:stop] = server_device.to_host(w @ block)
     return result
