@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-import torch
 
 from fedstrategies import server_device
 
@@ -94,13 +93,12 @@ def _stream_cross(large: Sequence[State], small: Sequence[State], keys: Sequence
     return cross, sq
 
 
-def _blocks(states: Sequence[State], key: str, width: int, upload: server_device.Uploader):
-    """(start, stop, rows) column blocks of tensor ``key`` of every state, as float32 rows on the server
-    device (a new tensor)."""
+def _blocks(states: Sequence[State], key: str, width: int):
+    """(start, stop, rows) column blocks of tensor ``key`` of every state, as lists of flat row views."""
     size = int(np.asarray(states[0][key]).size)
     for start in range(0, size, width):
         stop = min(size, start + width)
-        yield start, stop, upload.rows([np.asarray(s[key]).reshape(-1)[start:stop] for s in states])
+        yield start, stop, [np.asarray(s[key]).reshape(-1)[start:stop] for s in states]
 
 
 def gram(states: Sequence[State], others: Sequence[State] | None = None, keys: Sequence[str] | None = None,
@@ -130,26 +128,17 @@ def gram(states: Sequence[State], others: Sequence[State] | None = None, keys: S
 def _gram(states: Sequence[State], others: Sequence[State] | None, keys: Sequence[str],
           minus: State | None) -> np.ndarray:
     """``gram`` over distinct states: one float32 matrix product per column block of every tensor, on
-    the server device (``server_device``), summed there in float64."""
+    the server device (``server_device.GramSum``)."""
     same = others is None
     others = states if same else others
     width = max(1, BLOCK // max(len(states), len(others)))
-    upload = server_device.Uploader(width * max(len(states), len(others)))
-    out = torch.zeros((len(states), len(others)), dtype=torch.float64, device=upload.device)
+    out = server_device.GramSum(len(states), len(others), width * max(len(states), len(others)))
     for key in keys:
         ref = None if minus is None else server_device.tensor(np.asarray(minus[key]).reshape(-1))
-        right = None if same else _blocks(others, key, width, upload)
-        for start, stop, a in _blocks(states, key, width, upload):
-            if ref is not None:
-                a -= ref[start:stop]
-            if same:
-                out += (a @ a.T).double()
-                continue
-            b = next(right)[2]
-            if ref is not None:
-                b -= ref[start:stop]
-            out += (a @ b.T).double()
-    return server_device.to_host(out)
+        right = None if same else _blocks(others, key, width)
+        for start, stop, a in _blocks(states, key, width):
+            out.add(a, None if same else next(right)[2], None if ref is None else ref[start:stop])
+    return out.result()
 
 
 def cosine_matrix(g: np.ndarray) -> np.ndarray:

@@ -102,10 +102,12 @@ class Uploader:
         if self.cuda:
             self._buffers = [torch.empty(capacity, dtype=torch.float32, pin_memory=True) for _ in range(2)]
 
-    def rows(self, arrays: Sequence[np.ndarray]) -> torch.Tensor:
-        """The rows ``arrays`` (each flat, of one length) stacked as float32 on the device: a new tensor
-        (modifying it in place changes no state)."""
+    def rows(self, arrays: Sequence[np.ndarray] | np.ndarray) -> torch.Tensor:
+        """The rows ``arrays`` (flat arrays of one length, or a 2-D array) stacked as float32 on the device:
+        a new tensor (modifying it in place changes no state)."""
         if not self.cuda:
+            if isinstance(arrays, np.ndarray):
+                return torch.from_numpy(np.array(arrays, dtype=np.float32))
             return torch.from_numpy(np.stack(arrays, dtype=np.float32))
         n, w = len(arrays), int(np.asarray(arrays[0]).size)
         k, self._next = self._next, self._next ^ 1
@@ -114,12 +116,59 @@ class Uploader:
         elif self._events[k] is not None:
             self._events[k].synchronize()
         host = self._buffers[k][:n * w].view(n, w)
-        np.stack(arrays, out=host.numpy(), dtype=np.float32)
+        if isinstance(arrays, np.ndarray):
+            np.copyto(host.numpy(), arrays, casting="same_kind")
+        else:
+            np.stack(arrays, out=host.numpy(), dtype=np.float32)
         out = host.to(self.device, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self._events[k] = event
         return out
+
+
+class GramSum:
+    """G = sum over column blocks of A_b B_b^T (B = A: symmetric), each block's product in float32 on the
+    server device (the models are float32, and float32 products are the fast ones) and the sum in
+    float64 there; ``result`` brings G back to numpy. FedAMP's, CFL's, FeSEM's (``pairwise.gram``),
+    FedSaC's and MuPFL's Gram matrices are all this."""
+
+    def __init__(self, rows: int, cols: int | None = None, capacity: int = 0):
+        self.upload = Uploader(capacity)
+        self.out = torch.zeros((rows, rows if cols is None else cols), dtype=torch.float64, device=self.upload.device)
+
+    def add(self, rows, others=None, minus: torch.Tensor | None = None) -> None:
+        """G += (A - m)(B - m)^T for the block rows ``rows`` (and ``others``; None: B = A) of one tensor;
+        ``minus`` (from ``tensor``): the block's reference values, subtracted from every row."""
+        a = self.upload.rows(rows)
+        if minus is not None:
+            a -= minus
+        if others is None:
+            self.out += (a @ a.T).double()
+            return
+        b = self.upload.rows(others)
+        if minus is not None:
+            b -= minus
+        self.out += (a @ b.T).double()
+
+    def result(self) -> np.ndarray:
+        return to_host(self.out)
+
+
+def _put(array: np.ndarray) -> torch.Tensor:
+    """One array on the server device in its own dtype (through pinned memory on CUDA), as a new tensor."""
+    array = np.asarray(array)
+    if current().type != "cuda":  # shares a writable array's memory (products do not write), copies a wire view
+        return torch.from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array, order="C"))
+    host = torch.empty(array.shape, dtype=torch.from_numpy(np.empty(0, array.dtype)).dtype, pin_memory=True)
+    np.copyto(host.numpy(), array)
+    return host.to(current(), non_blocking=True)
+
+
+def matmul(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """left @ right on the server device in the arrays' own dtype (float32 stays float32, float64 stays
+    float64): the mixing products W @ Theta of whole stacked tensors (FedSaC, pFedGraph, FedMCSA)."""
+    return to_host(_put(left) @ _put(right))
 
 
 def to_host(value: torch.Tensor) -> np.ndarray:
