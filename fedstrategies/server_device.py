@@ -155,7 +155,7 @@ class GramSum:
         return to_host(self.out)
 
 
-def _put(array: np.ndarray) -> torch.Tensor:
+def put(array: np.ndarray) -> torch.Tensor:
     """One array on the server device in its own dtype (through pinned memory on CUDA), as a new tensor."""
     array = np.asarray(array)
     if current().type != "cuda":  # shares a writable array's memory (products do not write), copies a wire view
@@ -168,7 +168,15 @@ def _put(array: np.ndarray) -> torch.Tensor:
 def matmul(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """left @ right on the server device in the arrays' own dtype (float32 stays float32, float64 stays
     float64): the mixing products W @ Theta of whole stacked tensors (FedSaC, pFedGraph, FedMCSA)."""
-    return to_host(_put(left) @ _put(right))
+    return to_host(put(left) @ put(right))
+
+
+def gram(x: np.ndarray | torch.Tensor, dtype: torch.dtype | None = None) -> np.ndarray:
+    """X X^T of the rows of ``x`` (an array, or a tensor from ``put``) on the server device, in ``dtype``
+    (None: x's own), returned as float64 (one upload: no transposed copy)."""
+    t = put(x) if isinstance(x, np.ndarray) else x
+    t = t if dtype is None else t.to(dtype)
+    return to_host(t @ t.T).astype(np.float64)
 
 
 def to_host(value: torch.Tensor) -> np.ndarray:
