@@ -97,3 +97,42 @@ def test_server_device_cuda_without_cuda_stops_a_run_at_start(tmp_path, capsys):
         run_inprocess(tmp_path, 2, None, **{"server-device": "cuda"})
     assert not (tmp_path / "results").exists()
     assert server_device.current() == torch.device("cpu")
+
+
+def test_fedsac_mixing_mupfl_gram_and_fedmcsa_attention_on_the_server_device_equal_numpy(on_session_device):
+    from scipy.special import softmax
+
+    from fedstrategies.fedmcsa_math import mcsa
+    from fedstrategies.fedsac_math import aggregate_by_graph
+
+    rng = np.random.default_rng(1)
+    stacked = rng.integers(-8, 9, size=(6, 4, 5)).astype(np.float32)
+    graph = rng.integers(0, 9, size=(6, 6)) / 64.0  # float32 products and sums exact: equal to the last bit
+    np.testing.assert_array_equal(aggregate_by_graph(graph, stacked),
+                                  (graph @ stacked.reshape(6, -1).astype(np.float64)).reshape(6, 4, 5))
+
+    starts = rng.integers(-8, 9, size=(6, 20)).astype(np.float32)  # MuPFL's pre-trained heads: one start per row
+    gram = server_device.GramSum(6, capacity=6 * 20)
+    gram.add(list(stacked.reshape(6, -1)), minus=server_device.tensor(starts))
+    delta = stacked.reshape(6, -1).astype(np.float64) - starts
+    np.testing.assert_array_equal(gram.result(), delta @ delta.T)
+
+    models = [{"fc.weight": rng.standard_normal((3, 4)).astype(np.float32), "fc.bias": rng.standard_normal(3).astype(
+        np.float32)} for _ in range(5)]
+    out, matrices = mcsa(models, sigma=5.0)
+    x = np.stack([np.concatenate([m["fc.weight"].ravel(), m["fc.bias"]]) for m in models]).astype(np.float64)
+    norms = np.sqrt((x * x).sum(1))
+    psi = softmax(5.0 * (x @ x.T) / np.outer(norms, norms), axis=1)
+    np.testing.assert_allclose(matrices["fc"], psi, rtol=1e-12, atol=1e-15)
+    mixed = psi.astype(np.float32).astype(np.float64) @ x.astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(np.stack([np.concatenate([m["fc.weight"].ravel(), m["fc.bias"]]) for m in out]), mixed,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_server_time_floor_row_names_its_device_and_the_models_size(on_session_device):
+    from benchmarks.server_time import product_floor
+
+    row = product_floor(3, {"server-device": test_device()}, repeats=1)
+    assert row["method"] == "matrix-product floor" and row["clients"] == 3 and row["round_s"] > 0
+    assert row["d"] > 100_000  # the CNN on 28x28's parameters
+    assert row["device"].startswith(test_device()) and (test_device() == "cpu") == (row["device"] == "cpu")
