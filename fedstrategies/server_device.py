@@ -12,13 +12,14 @@ CPU machine's results: there ``auto`` is ``cpu``, the same torch products as an 
 On CUDA, float32 products stay in full float32 (torch's default: no TF32), summed in float64 as
 on the CPU, so results agree with the CPU's to float32 rounding.
 
-The device is one per server process, chosen once at start (``select``), as the server runs one
-experiment at a time; code that never selects one (unit tests, tools) gets the CPU.
+The device is one per server process, chosen at a run's start for its length (``using``), as the
+server runs one experiment at a time; code that never selects one (unit tests, tools) gets the CPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -64,6 +65,17 @@ def check(name: str) -> torch.device:
 def start(name: str) -> torch.device:
     """``select`` the run config's ``server-device`` at the start of a run (``check`` first)."""
     return select(check(name))
+
+
+@contextmanager
+def using(name: str):
+    """``start`` for the length of a run, then the device before it again (runs in one process, as the
+    tests' in-process runs, do not leak theirs into the next)."""
+    before = current()
+    try:
+        yield start(name)
+    finally:
+        select(before)
 
 
 def current() -> torch.device:

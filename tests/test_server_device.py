@@ -136,3 +136,17 @@ def test_the_server_time_floor_row_names_its_device_and_the_models_size(on_sessi
     assert row["method"] == "matrix-product floor" and row["clients"] == 3 and row["round_s"] > 0
     assert row["d"] > 100_000  # the CNN on 28x28's parameters
     assert row["device"].startswith(test_device()) and (test_device() == "cpu") == (row["device"] == "cpu")
+
+
+def test_a_run_uses_its_server_device_and_leaves_the_one_before_it(tmp_path):
+    """FedAMP's products run on the run's server device; afterwards the process has its device of before
+    (here torch's meta device, which no run would pick), so in-process runs do not leak theirs."""
+    from tests.conftest import run_inprocess
+
+    server_device.select(torch.device("meta"))
+    try:
+        summary, _ = run_inprocess(tmp_path, 3, None, method="fedamp", **{"num-server-rounds": 2})
+        assert summary["final_round"] == 2 and summary["dropped_replies"] == 0
+        assert server_device.current() == torch.device("meta")
+    finally:
+        server_device.select("cpu")
