@@ -123,15 +123,15 @@ class Uploader:
             return torch.from_numpy(np.stack(arrays, dtype=np.float32))
         n, w = len(arrays), int(np.asarray(arrays[0]).size)
         k, self._next = self._next, self._next ^ 1
+        if self._events[k] is not None:  # this buffer's last copy must be done before it is written again
+            self._events[k].synchronize()
         if n * w > self._buffers[k].numel():
             self._buffers[k] = torch.empty(n * w, dtype=torch.float32, pin_memory=True)
-        elif self._events[k] is not None:
-            self._events[k].synchronize()
         host = self._buffers[k][:n * w].view(n, w)
         if isinstance(arrays, np.ndarray):
             np.copyto(host.numpy(), arrays, casting="same_kind")
-        else:
-            np.stack(arrays, out=host.numpy(), dtype=np.float32)
+        else:  # numpy takes out= or dtype=, not both: out's float32 casts the rows
+            np.stack(arrays, out=host.numpy(), casting="same_kind")
         out = host.to(self.device, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
