@@ -297,7 +297,7 @@ def product_floor(n: int, extra: dict, repeats: int = 5) -> dict:
     from fedstrategies import server_device
     from fedstrategies.pairwise import parameter_keys
 
-    device = server_device.start(_config("fedavg", extra)["server-device"])
+    device = server_device.start(extra.get("server-device", "cpu"))
     weights = model_facts("cnn", (1, 28, 28), 10, 0).initial_weights
     d = sum(int(np.asarray(weights[k]).size) for k in parameter_keys(weights))
     theta = torch.randn(n, d, generator=torch.Generator().manual_seed(0)).to(device)
