@@ -138,7 +138,7 @@ def mcsa(models: Sequence[dict[str, np.ndarray]], sigma: float, mode: str = "lay
             psi = _attention_of_gram(server_device.gram(on_device, torch.float64), sigma)
             if size_weighting:
                 psi = size_weighted(psi, sizes)
-        mixed = server_device.to_host(server_device.put(psi.astype(x.dtype)) @ on_device)
+        mixed = server_device.to_host(server_device.product(server_device.put(psi.astype(x.dtype)), on_device))
         matrices[name] = psi
         start = 0
         for key in keys:

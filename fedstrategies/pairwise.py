@@ -264,5 +264,5 @@ def _gemm_mix(w32: np.ndarray, states: Sequence[State], key: str, size: int, dty
     for start in range(0, size, width):
         stop = min(size, start + width)
         block = upload.rows([np.asarray(s[key]).reshape(-1)[start:stop] for s in states])
-        result[:, start:stop] = server_device.to_host(w @ block)
+        result[:, start:stop] = server_device.to_host(server_device.product(w, block))
     return result
