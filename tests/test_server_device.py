@@ -150,3 +150,13 @@ def test_a_run_uses_its_server_device_and_leaves_the_one_before_it(tmp_path):
         assert server_device.current() == torch.device("meta")
     finally:
         server_device.select("cpu")
+
+
+def test_small_cpu_products_run_on_one_thread_and_large_ones_on_the_processs(on_session_device):
+    before = torch.get_num_threads()
+    with server_device.threads_for(10.0):
+        inside = torch.get_num_threads()
+    with server_device.threads_for(server_device.THREADED_FLOPS):
+        large = torch.get_num_threads()
+    assert torch.get_num_threads() == before == large
+    assert inside == (before if on_session_device.type == "cuda" else 1)
