@@ -2,15 +2,17 @@
 products of the server rules run.
 
 FedAMP, HeurFedAMP, CFL and FeSEM (``pairwise``), FedSaC and pFedGraph (Gram matrix and graph
-mixing) form m x m Gram matrices and m x d mixings of m client models of d parameters: at 1,000
-clients of 206,922 parameters each such product takes seconds on two CPU cores and milliseconds
-on a GPU. The server state stays numpy (checkpoints, wire); only those products go through torch
-here, and back through ``fedcore.wire.to_host``.
+mixing), MuPFL (cosine matrices; PKCF's matching runs there too) and FedMCSA (attention and mixing)
+form m x m Gram matrices and m x d mixings of m client models of d parameters: at 1,000 clients of
+206,922 parameters each such product takes seconds on two CPU cores and milliseconds on a GPU. The
+server state stays numpy (checkpoints, wire); only those products go through torch here, and back
+through ``fedcore.wire.to_host``.
 
-``auto`` (the default) is CUDA where the machine has it, else the CPU. It does not change a
-CPU machine's results: there ``auto`` is ``cpu``, the same torch products as an explicit ``cpu``.
-On CUDA, float32 products stay in full float32 (torch's default: no TF32), summed in float64 as
-on the CPU, so results agree with the CPU's to float32 rounding.
+``auto`` (the default) is CUDA where the machine has it, else the CPU. It does not change a CPU
+machine's results: there ``auto`` is ``cpu``, the same torch products as an explicit ``cpu`` (which
+differ from the numpy products they replaced only in float32 rounding: every earlier test of these
+methods passes unchanged). On CUDA, float32 products stay in full float32 (torch's default: no
+TF32), summed in float64 as on the CPU, so results agree with the CPU's to float32 rounding.
 
 The device is one per server process, chosen at a run's start for its length (``using``), as the
 server runs one experiment at a time; code that never selects one (unit tests, tools) gets the CPU.
@@ -100,15 +102,13 @@ def describe(device: torch.device | None = None) -> str:
 def threads_for(flops: float):
     """Torch's CPU threads for an operation of ``flops``: one below ``THREADED_FLOPS`` (no effect on CUDA,
     whose work does not run on the host's threads)."""
-    if current().type == "cuda" or flops >= THREADED_FLOPS or torch.get_num_threads() == 1:
+    if current().type == "cuda" or flops >= THREADED_FLOPS:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    from fedcore.models import one_torch_thread
+
+    with one_torch_thread():
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
