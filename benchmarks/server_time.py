@@ -194,7 +194,8 @@ def mupfl_cosine_alone(strategy, messages, repeats: int = 5) -> dict:
     of the clients' updates dw_i = w_i - w_i^start (every trainable tensor; the start head where the client
     sent one that differs from the global one, as the strategy reads it) and of their activation maps. The
     float32 matrices are stacked and put on the server device before the clock starts; the time (median of
-    ``repeats``) is the two Gram products and their normalisation. ``cosine_mb``: the size of the two stacked matrices."""
+    ``repeats``) is the two Gram products and their normalisation. ``cosine_mb``: the size of the two
+    stacked matrices."""
     from fedcore import wire
     from fedcore.methods.mupfl import MAPS, START_HEAD
 
@@ -435,7 +436,8 @@ def write(rows: list[dict], out: Path) -> None:
     else:
         device_lines = [f"Server device of {', '.join(dict.fromkeys(_label(r) for r in rows if r.get('device') == d))}:"
                         f" {d}." for d in devices]
-    lines = [*_made_lines(rows), *device_lines, "", "Seconds per round on the server, wall / CPU (configure + aggregate + evaluate; round 0 in brackets "
+    lines = [*_made_lines(rows), *device_lines, "",
+             "Seconds per round on the server, wall / CPU (configure + aggregate + evaluate; round 0 in brackets "
              f"where a method has one) and peak-memory growth, CNN on 28x28, target < {TARGET_S} s at 1,000 clients.",
              "",
              "| method | " + " | ".join(f"{n} clients" for n in counts) + f" | MB at {counts[-1]} |",
@@ -455,8 +457,8 @@ def write(rows: list[dict], out: Path) -> None:
         lines.append(f"| {m} | " + " | ".join(cells) + (f" | {last['peak_growth_mb']:.0f} |" if last else " | - |"))
     lines += _alone_notes(rows, counts)
     if any(r["method"] == "matrix-product floor" for r in rows):
-        lines += ["", "matrix-product floor: one m x d by d x m float32 product (m = clients, d = the CNN's parameters) "
-                  "on the server device, operands already there, timed in the same run (median of 5)."]
+        lines += ["", "matrix-product floor: one m x d by d x m float32 product (m = clients, d = the CNN's "
+                  "parameters) on the server device, operands already there, timed in the same run (median of 5)."]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib

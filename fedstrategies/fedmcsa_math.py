@@ -1,4 +1,5 @@
-"""FedMCSA's server rule on numpy arrays (its products on the server device): model-component self-attention (Guo et al., Eqs. 6-8).
+"""FedMCSA's server rule on numpy arrays, its products on the server device: model-component
+self-attention (Guo et al., Eqs. 6-8).
 
 For every component l (a layer: its weight and bias together; or a single tensor) the sampled
 clients' flattened parameters X_l (S x P_l) are query, key and value at once:
@@ -46,8 +47,8 @@ def attention(x: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
     One float64 matrix product on the server device gives the Gram matrix (float64: sigma = 50 would
     magnify float32's rounding of the cosines 50-fold in the exponent, and clients with equal models
     would not get equal weights), whose diagonal holds the squared norms (clamped at ``eps``), so the
-    cosines cost no second pass over x; they are clipped to [-1, 1] against rounding. scipy's softmax subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot
-    overflow.
+    cosines cost no second pass over x; they are clipped to [-1, 1] against rounding. scipy's softmax
+    subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot overflow.
     """
     import torch
 

@@ -20,8 +20,8 @@ Two shortcuts keep a round at 1,000 clients cheap without changing any result be
 A dense round over m distinct models (FedAMP and HeurFedAMP once every client has uploaded) still
 costs O(m^2 d) in two matrix products, the Gram matrix and W @ Theta: both run in torch on the
 run's ``server-device`` (``server_device.GramSum`` and ``Uploader``; on a loaded 2-core CPU, 100 CNN
-models' distances took 0.5 s in torch against 3.6-5.5 s in numpy's blocked products). The streamed paths (a few
-vectors, few weights) stay numpy: they are O(n d) passes over host memory, bound by reading it.
+models' distances took 0.5 s in torch against 3.6-5.5 s in numpy's blocked products). The streamed
+paths (a few vectors, few weights) stay numpy: O(n d) passes over host memory, bound by reading it.
 """
 
 from __future__ import annotations
