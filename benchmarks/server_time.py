@@ -15,7 +15,11 @@ rows of the existing ``table.csv`` that this run did not measure (each row keeps
 commit it was made by, and ``table.md`` names them), so a few methods can be re-measured alone.
 
     python -m benchmarks.server_time [--clients 10,100,1000] [--methods fedavg,fedproto] [--round 1] [--merge]
-        [--out docs/results/server-time]
+        [--device cpu|cuda] [--out docs/results/server-time]
+
+``--device`` is the run config's ``server-device`` for the timed rounds (default cpu, the numbers the table
+has always had); every row records the device (and the GPU's name). Each client count also gets a
+"matrix-product floor" row: one m x d by d x m product at the same sizes on the same device, in the same run.
 
 Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder. Where a method's round has
 computations no implementation of its rule can avoid, they are timed alone on the same round's data and get rows
@@ -128,8 +132,11 @@ def measure(method: str, n: int, extra: dict, server_round: int = 1) -> dict:
     from fedcore.models import model_facts
     from fedcore.registry import get_method
 
+    from fedstrategies import server_device
+
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     cfg = _config(method, extra)
+    server_device.start(cfg["server-device"])  # as the ServerApp does at a run's start
     facts = model_facts(cfg["model"], (1, 28, 28), 10, 0)  # "cnn" unless --run-config names another
     strategy = get_method(method).strategy(cfg, fake_clients(n), facts)
     rng = np.random.default_rng(0)
@@ -179,15 +186,16 @@ def measure(method: str, n: int, extra: dict, server_round: int = 1) -> dict:
     return {"alone": alone, "method": method, "clients": n, "round": server_round, **{f"{k}_s": v for k, v in times.items()},
             "round_s": times["configure"] + times["aggregate"] + times["evaluate"], "round_cpu_s": cpu,
             "peak_growth_mb": max(rss2 - max(rss0, rss1), 0) / 1024,
-            "sampled": len(strategy.sample_train(server_round))}
+            "sampled": len(strategy.sample_train(server_round)), "device": server_device.describe()}
 
 
 def mupfl_cosine_alone(strategy, messages, repeats: int = 5) -> dict:
     """What a MuPFL round cannot avoid, timed alone on the round's train replies: the pairwise cosine matrices
     of the clients' updates dw_i = w_i - w_i^start (every trainable tensor; the start head where the client
     sent one that differs from the global one, as the strategy reads it) and of their activation maps. The
-    float32 matrices are stacked before the clock starts; the time (median of ``repeats``) is the two Gram
-    products and their normalisation. ``cosine_mb``: the size of the two stacked matrices."""
+    float32 matrices are stacked and put on the server device before the clock starts; the time (median of
+    ``repeats``) is the two Gram products and their normalisation. ``cosine_mb``: the size of the two
+    stacked matrices."""
     from fedcore import wire
     from fedcore.methods.mupfl import MAPS, START_HEAD
 
@@ -205,14 +213,26 @@ def mupfl_cosine_alone(strategy, messages, repeats: int = 5) -> dict:
             maps = np.empty((len(records), row.size), np.float32) if maps is None else maps
             maps[i] = row
 
+    from fedstrategies import server_device
+
     def cosines(x):
         gram = x @ x.T
-        inv = 1.0 / np.sqrt(np.diag(gram))
-        return gram * inv[:, None] * inv[None, :]
+        inv = 1.0 / gram.diagonal().sqrt()
+        return _synced(gram * inv[:, None] * inv[None, :])
 
-    wall, cpu = _timed(lambda: (cosines(updates), maps is not None and cosines(maps)), repeats)
+    on_device = [server_device.put(x) for x in (updates, maps) if x is not None]  # the round's device, before the clock
+    wall, cpu = _timed(lambda: [cosines(x) for x in on_device], repeats)
     return {"cosine_s": wall, "cosine_cpu_s": cpu,
             "cosine_mb": (updates.nbytes + (maps.nbytes if maps is not None else 0)) / 2**20}
+
+
+def _synced(*tensors):
+    """Wait for the device to finish ``tensors`` (CUDA runs asynchronously): the clock then times the work."""
+    import torch
+
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.synchronize()
+    return tensors
 
 
 def _timed(fn, repeats: int) -> tuple[float, float]:
@@ -253,15 +273,45 @@ def mupfl_unavoidable(strategy, messages, server_round: int) -> list[dict]:
 def fedamp_products_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
     """FedAMP / HeurFedAMP: the two float32 products any exact message passing over m models of d parameters
     makes, the Gram matrix Theta Theta^T (pairwise distances or cosines) and the mixing W @ Theta, on the models
-    the server holds for the round's clients, stacked before the clock starts (median of ``repeats``)."""
+    the server holds for the round's clients, stacked and put on the server device before the clock starts
+    (median of ``repeats``)."""
     from fedstrategies.pairwise import parameter_keys
 
     states = [strategy.model_of(pid) for pid in strategy.sample_train(server_round)]
     keys = parameter_keys(states[0])
     theta = np.stack([np.concatenate([np.asarray(s[k], np.float32).reshape(-1) for k in keys]) for s in states])
     mixing = np.full((len(states), len(states)), 1.0 / len(states), np.float32)
-    wall, cpu = _timed(lambda: (theta @ theta.T, mixing @ theta), repeats)
+    from fedstrategies import server_device
+
+    on_device, mixing = server_device.put(theta), server_device.put(mixing)  # the round's device, before the clock
+    wall, cpu = _timed(lambda: _synced(on_device @ on_device.T, mixing @ on_device), repeats)
     return [{"what": "Gram + mixing products", "s": wall, "cpu_s": cpu, "mb": theta.nbytes / 2**20}]
+
+
+def product_floor(n: int, extra: dict, repeats: int = 5) -> dict:
+    """The matrix-product floor at n clients on the server device: one m x d by d x m float32 product (m = n, d =
+    the parameters of the benchmark's CNN), the operands already on the device, median of ``repeats`` (CUDA:
+    synchronised before the clock stops). Every dense rule over m models of d parameters makes at least one."""
+    import torch
+
+    from fedcore.models import model_facts
+    from fedstrategies import server_device
+    from fedstrategies.pairwise import parameter_keys
+
+    device = server_device.start(extra.get("server-device", "cpu"))
+    weights = model_facts("cnn", (1, 28, 28), 10, 0).initial_weights
+    d = sum(int(np.asarray(weights[k]).size) for k in parameter_keys(weights))
+    theta = torch.randn(n, d, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def product():
+        _synced(theta @ theta.T)
+
+    product()  # warm-up (CUDA: the kernel's first call)
+    wall, cpu = _timed(product, repeats)
+    return {"method": "matrix-product floor", "clients": n, "round": 1, "sampled": n, "round_s": wall,
+            "round_cpu_s": cpu, "configure_s": 0.0, "aggregate_s": wall, "evaluate_s": 0.0, "prepare_s": 0.0,
+            "peak_growth_mb": theta.element_size() * theta.numel() / 2**20, "device": server_device.describe(device),
+            "d": d}
 
 
 UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone}
@@ -313,6 +363,13 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict, server_r
                   f"aggregate {row['aggregate_s']:.3f}, evaluate {row['evaluate_s']:.3f}, prepare "
                   f"{row['prepare_s']:.3f}; CPU {row['round_cpu_s']:.3f} s), peak +{row['peak_growth_mb']:.0f} MB",
                   flush=True)
+        cmd = [sys.executable, "-m", "benchmarks.server_time", "--floor", str(n), json.dumps(extra)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the matrix-product floor at {n} clients failed:\n{done.stderr[-3000:]}")
+        floor = {**json.loads(done.stdout.strip().splitlines()[-1]), **(made or {})}
+        rows.append(floor)
+        print(f"matrix-product floor {n:>5} x {floor['d']} on {floor['device']}: {floor['round_s']:.4f} s", flush=True)
     if merge and (out / "table.csv").exists():
         measured = {(r["method"], r["clients"], r["round"]) for r in rows}
         rows = [r for r in read_rows(out / "table.csv") if (r["method"], r["clients"], r["round"]) not in measured] + rows
@@ -321,7 +378,7 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict, server_r
 
 
 FIELDS = ["method", "round", "clients", "sampled", "round_s", "round_cpu_s", "configure_s", "aggregate_s", "evaluate_s",
-          "prepare_s", "peak_growth_mb", "command", "commit"]
+          "prepare_s", "peak_growth_mb", "device", "command", "commit"]
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -331,9 +388,11 @@ def read_rows(path: Path) -> list[dict]:
         rows = list(csv.DictReader(f))
     out = []
     for r in rows:
-        row = {k: float(v) for k, v in r.items() if k not in ("method", "command", "commit") and v not in (None, "")}
+        row = {k: float(v) for k, v in r.items()
+               if k not in ("method", "command", "commit", "device") and v not in (None, "")}
         row.update({"method": r["method"], "clients": int(row["clients"]), "round": int(row.get("round", 1)),
-                    "sampled": int(row["sampled"]), "command": r.get("command") or "", "commit": r.get("commit") or ""})
+                    "sampled": int(row["sampled"]), "command": r.get("command") or "", "commit": r.get("commit") or "",
+                    "device": r.get("device") or "cpu"})
         out.append(row)
     return out
 
@@ -371,7 +430,14 @@ def write(rows: list[dict], out: Path) -> None:
     counts = sorted({r["clients"] for r in rows})
     methods = list(dict.fromkeys(_label(r) for r in rows))
     by = {(_label(r), r["clients"]): r for r in rows}
-    lines = [*_made_lines(rows), "", "Seconds per round on the server, wall / CPU (configure + aggregate + evaluate; round 0 in brackets "
+    devices = list(dict.fromkeys(r.get("device") or "cpu" for r in rows))
+    if len(devices) == 1:
+        device_lines = [f"Server device (`server-device`): {devices[0]}."]
+    else:
+        device_lines = [f"Server device of {', '.join(dict.fromkeys(_label(r) for r in rows if r.get('device') == d))}:"
+                        f" {d}." for d in devices]
+    lines = [*_made_lines(rows), *device_lines, "",
+             "Seconds per round on the server, wall / CPU (configure + aggregate + evaluate; round 0 in brackets "
              f"where a method has one) and peak-memory growth, CNN on 28x28, target < {TARGET_S} s at 1,000 clients.",
              "",
              "| method | " + " | ".join(f"{n} clients" for n in counts) + f" | MB at {counts[-1]} |",
@@ -390,6 +456,9 @@ def write(rows: list[dict], out: Path) -> None:
         last = by.get((m, counts[-1]))
         lines.append(f"| {m} | " + " | ".join(cells) + (f" | {last['peak_growth_mb']:.0f} |" if last else " | - |"))
     lines += _alone_notes(rows, counts)
+    if any(r["method"] == "matrix-product floor" for r in rows):
+        lines += ["", "matrix-product floor: one m x d by d x m float32 product (m = clients, d = the CNN's "
+                  "parameters) on the server device, operands already there, timed in the same run (median of 5)."]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib
@@ -420,25 +489,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round", type=int, default=1, help="time this round, after the ones before it (untimed)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the existing table.csv's rows that this run does not measure")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="the server device of the timed rounds (run-config server-device; default: the "
+                             "run config's, else cpu)")
     parser.add_argument("--one", nargs=3, metavar=("METHOD", "CLIENTS", "EXTRA"), help=argparse.SUPPRESS)
+    parser.add_argument("--floor", nargs=2, metavar=("CLIENTS", "EXTRA"), help=argparse.SUPPRESS)
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
-    from runner.provenance import guard
-
-    guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only
     if args.one:
         method, n, extra = args.one
         print(json.dumps(measure(method, int(n), json.loads(extra), args.round)))
         return 0
+    if args.floor:
+        print(json.dumps(product_floor(int(args.floor[0]), json.loads(args.floor[1]))))
+        return 0
     from fedcore.registry import REGISTRY
 
     from runner.compare import _commit
+    from runner.provenance import guard
+
+    guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only (the parent checks)
 
     methods = args.methods.split(",") if args.methods else list(REGISTRY)
     threads = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)
     command = " ".join([threads, "python -m benchmarks.server_time", *(argv if argv is not None else sys.argv[1:])]).strip()
-    run(methods, [int(c) for c in args.clients.split(",")], args.out, json.loads(args.run_config), args.round,
+    extra = json.loads(args.run_config)
+    extra["server-device"] = args.device or extra.get("server-device", "cpu")
+    run(methods, [int(c) for c in args.clients.split(",")], args.out, extra, args.round,
         {"command": command, "commit": _commit()}, args.merge)
     print((args.out / "table.md").read_text())
     return 0

@@ -130,6 +130,10 @@ def _common_keys() -> dict[str, Key]:
         "device": Key("auto", "torch device for clients: auto (CUDA where present, else the CPU), cpu, cuda or cuda:N "
                       "(GPU N); a CUDA device the machine lacks stops the run at start", pattern=r"auto|cpu|cuda(:[0-9]+)?",
                       pattern_help="'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        "server-device": Key("auto", "torch device for the server's heavy maths (Gram matrices, pairwise distances and "
+                             "mixings of the client models; fedstrategies/server_device.py): auto (CUDA where present, "
+                             "else the CPU), cpu or cuda; cuda on a machine without CUDA stops the run at start",
+                             choices=("auto", "cpu", "cuda")),
         "deterministic": Key(True, "deterministic kernels where the device has a choice (CUDA: "
                              "torch.use_deterministic_algorithms, cuDNN deterministic and not benchmarking, "
                              "CUBLAS_WORKSPACE_CONFIG), so that a run and its resume repeat bit for bit; false: the "

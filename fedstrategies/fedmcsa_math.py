@@ -1,4 +1,5 @@
-"""FedMCSA's server rule as plain numpy: model-component self-attention (Guo et al., Eqs. 6-8).
+"""FedMCSA's server rule on numpy arrays, its products on the server device: model-component
+self-attention (Guo et al., Eqs. 6-8).
 
 For every component l (a layer: its weight and bias together; or a single tensor) the sampled
 clients' flattened parameters X_l (S x P_l) are query, key and value at once:
@@ -43,15 +44,23 @@ def components(weights: dict[str, np.ndarray], mode: str = "layer") -> dict[str,
 def attention(x: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
     """Psi = softmax_row(sigma * cos(x_i, x_k)) for the rows of ``x`` (S x P); returns S x S float64.
 
-    One matrix product gives the Gram matrix, whose diagonal holds the squared norms (clamped at
-    ``eps``), so the cosines cost no second pass over x; they are clipped to [-1, 1] against
-    rounding. scipy's softmax subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot
-    overflow.
+    One float64 matrix product on the server device gives the Gram matrix (float64: sigma = 50 would
+    magnify float32's rounding of the cosines 50-fold in the exponent, and clients with equal models
+    would not get equal weights), whose diagonal holds the squared norms (clamped at ``eps``), so the
+    cosines cost no second pass over x; they are clipped to [-1, 1] against rounding. scipy's softmax
+    subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot overflow.
     """
+    import torch
+
+    from fedstrategies import server_device  # imported on use: every ClientApp imports this module
+
+    return _attention_of_gram(server_device.gram(np.asarray(x), torch.float64), sigma, eps)
+
+
+def _attention_of_gram(gram: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
+    """``attention`` from the rows' float64 Gram matrix."""
     from scipy.special import softmax  # imported on use: every ClientApp imports this module
 
-    x = np.asarray(x)
-    gram = (x @ x.T).astype(np.float64)
     norms = np.maximum(np.sqrt(np.maximum(np.diag(gram), 0.0)), eps)
     cos = np.clip(gram / np.outer(norms, norms), -1.0, 1.0)
     return softmax(sigma * cos, axis=1)
@@ -117,15 +126,20 @@ def mcsa(models: Sequence[dict[str, np.ndarray]], sigma: float, mode: str = "lay
         raise ValueError("the mean and size weighting need one training-set size per model")
     mixed_of: list[dict[str, np.ndarray]] = [{} for _ in models]
     matrices: dict[str, np.ndarray] = {}
+    import torch
+
+    from fedstrategies import server_device  # imported on use: every ClientApp imports this module
+
     for name, keys in components(models[0], mode).items():
         x = stack_component(models, keys)
+        on_device = server_device.put(x)  # one upload for the attention and the mixing products
         if aggregation == "mean":
             psi = mean_weights(sizes)
         else:
-            psi = attention(x, sigma)
+            psi = _attention_of_gram(server_device.gram(on_device, torch.float64), sigma)
             if size_weighting:
                 psi = size_weighted(psi, sizes)
-        mixed = psi.astype(x.dtype) @ x
+        mixed = server_device.to_host(server_device.product(server_device.put(psi.astype(x.dtype)), on_device))
         matrices[name] = psi
         start = 0
         for key in keys:

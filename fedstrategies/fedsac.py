@@ -23,6 +23,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.methods.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, SUBSPACE
+from fedstrategies import server_device
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at,
                                        collaboration_graph, complementarity_matrix, graph_diagnostics,
@@ -140,21 +141,21 @@ class FedSaCStrategy(PersonalizedStrategy):
 
         v_j = theta_j - theta(0) (``delta_init``) or theta_j (``params``). The differences are formed
         in column blocks of at most ``GRAM_BLOCK`` values, so the temporary stays small at 1,000
-        clients; each block's float32 product ``v @ v.T`` (BLAS syrk) is summed in float64.
+        clients; each block's float32 product ``v @ v.T`` is summed in float64, on the server device
+        (``server_device.GramSum``).
         """
         n = len(next(iter(stacks.values())))
-        gram = np.zeros((n, n))
         width = max(1, GRAM_BLOCK // n)
+        gram = server_device.GramSum(n, capacity=width * n)
+        delta = self.hp["sim-vector"] == "delta_init"
         for key, stacked in stacks.items():
             if not is_parameter(key):
                 continue
             flat = stacked.reshape(n, -1)
-            init = self.initial_weights[key].reshape(1, -1)
+            init = server_device.tensor(self.initial_weights[key].reshape(-1)) if delta else None
             for start in range(0, flat.shape[1], width):
-                v = flat[:, start:start + width]
-                v = v - init[:, start:start + width] if self.hp["sim-vector"] == "delta_init" else np.array(v)
-                gram += v @ v.T
-        return gram
+                gram.add(flat[:, start:start + width], minus=None if init is None else init[start:start + width])
+        return gram.result()
 
     def authors_references(self, graph: np.ndarray, stacks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """c_i = sum_j W_ij theta_j / |theta_j| for every parameter tensor (the authors' regulariser)."""

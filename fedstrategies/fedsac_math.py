@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedstrategies import server_device
+
 
 
 # ---------------------------------------------------------------- similarity (Eq. 4)
@@ -226,10 +228,11 @@ def graph_diagnostics(graph: np.ndarray, p: np.ndarray, similarity: np.ndarray,
 # ---------------------------------------------------------------- aggregation (Alg. 1 line 14)
 def aggregate_by_graph(graph: np.ndarray, stacked: np.ndarray) -> np.ndarray:
     """theta~_i = sum_j W_ij theta_j for one tensor: ``stacked`` is (n, ...) (one row per client),
-    the result has the same shape. Integer tensors (BatchNorm's step counters) are rounded back."""
+    the result has the same shape, the product on the server device. Integer tensors (BatchNorm's step
+    counters) are rounded back."""
     flat = stacked.reshape(len(stacked), -1)
     if flat.dtype.kind == "f":
-        out = graph.astype(flat.dtype) @ flat
+        out = server_device.matmul(graph.astype(flat.dtype), flat)
     else:
         out = np.rint(graph @ flat.astype(np.float64)).astype(flat.dtype)
     return out.reshape(stacked.shape)

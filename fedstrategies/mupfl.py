@@ -29,6 +29,7 @@ from fedcore.config import ConfigError
 from fedcore.methods.mupfl import FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 from fedcore.models import HEAD_PREFIX, bavd_map_shapes, one_torch_thread, seeded_model
 from fedstrategies import mupfl_math as mm
+from fedstrategies import server_device
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.federated_features import average_class_gradients, match_features
@@ -133,25 +134,26 @@ class MuPFLStrategy(PersonalizedStrategy):
 
     def _update_gram(self, replies) -> np.ndarray:
         """<dw_i, dw_j> over all trainable tensors (BN buffers excluded), dw_i = w_i - w_i^start,
-        one tensor at a time so that no (clients x parameters) matrix is ever formed."""
+        one tensor at a time so that no (clients x parameters) matrix is ever formed; the products on the
+        server device (``server_device.GramSum``)."""
         m = len(replies)
-        gram = np.zeros((m, m))
+        gram = server_device.GramSum(m, capacity=m * max(self.global_weights[k].size for k in self.param_keys))
         pretrained = self.heads_pretrained(replies)
         for key in self.param_keys:
-            rows = np.stack([r.arrays[wire.WEIGHTS][key].reshape(-1) for r in replies])
+            rows = [r.arrays[wire.WEIGHTS][key].reshape(-1) for r in replies]
             if pretrained and key in self.head_keys:
-                rows -= np.stack([r.arrays[START_HEAD][key].reshape(-1) for r in replies])
+                start = server_device.tensor(np.stack([r.arrays[START_HEAD][key].reshape(-1) for r in replies]))
             else:
-                rows -= self.global_weights[key].reshape(1, -1)
-            gram += (rows @ rows.T).astype(np.float64)
-        return gram
+                start = server_device.tensor(self.global_weights[key].reshape(-1))
+            gram.add(rows, minus=start)
+        return gram.result()
 
     def _map_gram(self, replies) -> np.ndarray | None:
         if not self.map_shapes:
             return None
         rows = np.stack([np.concatenate([r.arrays[MAPS][str(i)].reshape(-1) for i in range(len(self.map_shapes))])
                          for r in replies]).astype(np.float64)
-        return rows @ rows.T
+        return server_device.matmul(rows, rows.T)
 
     def cluster(self, server_round: int, replies) -> mm.Clustering:
         """ACMU's clusters of this round's clients; without ACMU every client is alone."""
@@ -208,13 +210,14 @@ class MuPFLStrategy(PersonalizedStrategy):
         m = self.hp["features-per-class"]
         if m == 0 or not reported.any():
             return None
-        features = torch.from_numpy(self.features.copy())
-        weight, bias = (torch.from_numpy(v_ref[k]) for k in (HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"))
+        device = server_device.current()  # on the server device; on the CPU the tensors share numpy's memory
+        features = torch.from_numpy(self.features.copy()).to(device)
+        weight, bias = (torch.from_numpy(v_ref[k]).to(device) for k in (HEAD_PREFIX + "weight", HEAD_PREFIX + "bias"))
         with one_torch_thread():  # (K*m x d) matrices: threads cost more than they give (fedcore.models)
-            before, after = match_features(features, torch.from_numpy(z.astype(np.float32)),
-                                           torch.from_numpy(reported), weight, bias, self.hp["match-steps"],
+            before, after = match_features(features, torch.from_numpy(z.astype(np.float32)).to(device),
+                                           torch.from_numpy(reported).to(device), weight, bias, self.hp["match-steps"],
                                            self.hp["match-lr"], self.hp["match-optimizer"])
-        return features.numpy(), before, after
+        return server_device.to_host(features), before, after
 
     def load_state_dict(self, state):
         super().load_state_dict(state)

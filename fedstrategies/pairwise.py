@@ -18,7 +18,10 @@ Two shortcuts keep a round at 1,000 clients cheap without changing any result be
   into column blocks for a matrix product with a handful of rows.
 
 A dense round over m distinct models (FedAMP and HeurFedAMP once every client has uploaded) still
-costs O(m^2 d) in two BLAS products, the Gram matrix and W @ Theta.
+costs O(m^2 d) in two matrix products, the Gram matrix and W @ Theta: both run in torch on the
+run's ``server-device`` (``server_device.GramSum`` and ``Uploader``; on a loaded 2-core CPU, 100 CNN
+models' distances took 0.5 s in torch against 3.6-5.5 s in numpy's blocked products). The streamed
+paths (a few vectors, few weights) stay numpy: O(n d) passes over host memory, bound by reading it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+from fedstrategies import server_device
 
 BLOCK = 1 << 22  # values per column block (16 MB of float32 for each side)
 STREAM_ROWS = 16  # against at most this many vectors, gram streams the other side instead of stacking it
@@ -92,11 +97,11 @@ def _stream_cross(large: Sequence[State], small: Sequence[State], keys: Sequence
 
 
 def _blocks(states: Sequence[State], key: str, width: int):
-    """(start, stop, rows) column blocks of tensor ``key`` of every state, as float32 rows (a new array)."""
+    """(start, stop, rows) column blocks of tensor ``key`` of every state, as lists of flat row views."""
     size = int(np.asarray(states[0][key]).size)
     for start in range(0, size, width):
         stop = min(size, start + width)
-        yield start, stop, np.stack([np.asarray(s[key]).reshape(-1)[start:stop] for s in states], dtype=np.float32)
+        yield start, stop, [np.asarray(s[key]).reshape(-1)[start:stop] for s in states]
 
 
 def gram(states: Sequence[State], others: Sequence[State] | None = None, keys: Sequence[str] | None = None,
@@ -125,25 +130,18 @@ def gram(states: Sequence[State], others: Sequence[State] | None = None, keys: S
 
 def _gram(states: Sequence[State], others: Sequence[State] | None, keys: Sequence[str],
           minus: State | None) -> np.ndarray:
-    """``gram`` over distinct states: one matrix product per column block of every tensor."""
+    """``gram`` over distinct states: one float32 matrix product per column block of every tensor, on
+    the server device (``server_device.GramSum``)."""
     same = others is None
     others = states if same else others
-    out = np.zeros((len(states), len(others)))
     width = max(1, BLOCK // max(len(states), len(others)))
+    out = server_device.GramSum(len(states), len(others), width * max(len(states), len(others)))
     for key in keys:
-        ref = None if minus is None else np.asarray(minus[key], dtype=np.float32).reshape(-1)
+        ref = None if minus is None else server_device.tensor(np.asarray(minus[key]).reshape(-1))
         right = None if same else _blocks(others, key, width)
         for start, stop, a in _blocks(states, key, width):
-            if ref is not None:
-                a -= ref[start:stop]
-            if same:
-                out += a @ a.T
-                continue
-            b = next(right)[2]
-            if ref is not None:
-                b -= ref[start:stop]
-            out += a @ b.T
-    return out
+            out.add(a, None if same else next(right)[2], None if ref is None else ref[start:stop])
+    return out.result()
 
 
 def cosine_matrix(g: np.ndarray) -> np.ndarray:
@@ -258,11 +256,13 @@ def _stream_mix(w32: np.ndarray, states: Sequence[State], key: str, size: int) -
 
 
 def _gemm_mix(w32: np.ndarray, states: Sequence[State], key: str, size: int, dtype) -> np.ndarray:
-    """W @ [x_j] of tensor ``key``: one float32 matrix product per column block."""
+    """W @ [x_j] of tensor ``key``: one float32 matrix product per column block, on the server device."""
     width = max(1, BLOCK // len(states))
+    upload = server_device.Uploader(width * len(states))
+    w = server_device.tensor(w32)
     result = np.empty((len(w32), size), dtype=dtype)
     for start in range(0, size, width):
         stop = min(size, start + width)
-        block = np.stack([np.asarray(s[key]).reshape(-1)[start:stop] for s in states], dtype=np.float32)
-        result[:, start:stop] = w32 @ block
+        block = upload.rows([np.asarray(s[key]).reshape(-1)[start:stop] for s in states])
+        result[:, start:stop] = server_device.to_host(server_device.product(w, block))
     return result

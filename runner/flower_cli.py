@@ -410,6 +410,10 @@ def check_config(run_config: dict, app_dir: Path) -> dict:
     cfg = Config.from_run_config({**pyproject_run_config(app_dir), **run_config})
     run_folder(cfg)
     check_data(cfg)  # a dataset this machine cannot load is refused now, not in every client later
+    if cfg["server-device"] == "cuda":  # the local ServerApp runs here; torch only for the one value that needs it
+        from fedstrategies.server_device import check
+
+        check(cfg["server-device"])
     return cfg
 
 

@@ -28,6 +28,7 @@ from fedcore import determinism, wire
 from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import get_method
+from fedstrategies import server_device
 from fedstrategies.base import ClientInfo
 from server_app import checkpoints
 from server_app.nodes import Membership, StartupError, send_and_receive  # noqa: F401 (StartupError: re-exported)
@@ -127,11 +128,17 @@ def _check_same_clients(clients: dict[int, ClientInfo], saved: dict[int, ClientI
 
 def run_experiment(grid: Grid, cfg: Config) -> dict:
     """Run one federated experiment end to end (or continue one with ``resume``) and return its summary."""
-    t0, t0_is = _started_at()
+    t0 = _started_at()
     determinism.apply(cfg["deterministic"])  # the server's own torch work, on CUDA where the machine has it
+    with server_device.using(cfg["server-device"]):  # a CUDA server device the machine lacks: stops before any client
+        return _run(grid, cfg, *t0)
+
+
+def _run(grid: Grid, cfg: Config, t0: float, t0_is: str) -> dict:
+    """``run_experiment`` on its server device."""
     method = get_method(cfg.method)
-    log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s", cfg.method, cfg["dataset"],
-        cfg["partition"], cfg["num-server-rounds"], cfg["seed"])
+    log(INFO, "method=%s dataset=%s partition=%s rounds=%s seed=%s server-device=%s", cfg.method, cfg["dataset"],
+        cfg["partition"], cfg["num-server-rounds"], cfg["seed"], server_device.describe())
     if cfg.auto_sources:
         log(INFO, "left at auto: %s", ", ".join(f"{k}={cfg[k]} ({src})" for k, src in cfg.auto_sources.items()))
     folder, checkpoint = _resume_point(cfg)

@@ -44,8 +44,8 @@ _MAX_HEADER = 4096
 _NONFINITE = ("nan", "inf", "-inf")  # repr() of the floats JSON cannot hold
 # keys that may differ between the interrupted run and its resumption
 RESUMABLE_CHANGES = {"resume", "overwrite", "num-server-rounds", "round-timeout", "node-wait-s", "device",
-                     "deterministic", "client-threads", "checkpoint-keep", "eval-every", "plots", "tracker",
-                     "tracker-every", "tracker-group"}
+                     "server-device", "deterministic", "client-threads", "checkpoint-keep", "eval-every", "plots",
+                     "tracker", "tracker-every", "tracker-group"}
 
 
 class CheckpointError(Exception):
