@@ -159,6 +159,7 @@ def test_client_takes_gradients_at_the_received_body_and_retrained_head_before_t
     grads = wire.unpack_arrays(upload[GRADIENTS])
     assert np.allclose(grads["z"], wire.to_host(z), atol=1e-6)
     assert np.array_equal(grads["present"], wire.to_host(present.float()))
+    assert grads["present"].dtype == np.float32  # the flags go up as float32 0/1, not as bools
     twin = client()
     trained = twin.new_model()
     loss = twin.train(trained)
@@ -193,3 +194,42 @@ def test_the_default_matching_halves_the_loss_in_round_one_at_d_3136():
     assert before > 0.5 and after <= 0.5 * before
     sgd = ff.match_features(H.clone(), z, present, W, b, hp["match-steps"], 0.1, "sgd")
     assert sgd[1] > 0.9 * sgd[0]  # the authors' step, set for d = 256, barely moves H here
+
+
+def test_the_server_state_is_seeded_and_one_sample_is_enough():
+    """Two servers with the same configuration start from the same features H and head (the run's seed,
+    not torch's global generator); a client with one sample counts, one with none is refused."""
+    torch.manual_seed(1)
+    a = _strategy()
+    torch.manual_seed(2)
+    b = _strategy()
+    assert np.array_equal(a.features, b.features)
+    assert all(np.array_equal(a.retrained[k], b.retrained[k]) for k in a.retrained)
+    replies = _replies(a)
+    replies[0].num_examples = 1
+    assert a.check_reply(replies[0]) is None
+    replies[0].num_examples = 0
+    assert "num-examples" in a.check_reply(replies[0])
+
+
+def test_plain_sgd_matching_is_used_when_configured():
+    strategy = _strategy(**{"match-optimizer": "sgd", "match-lr": 0.5})
+    replies = _replies(strategy)
+    H0, sent = torch.from_numpy(strategy.features.copy()), dict(strategy.retrained)
+    strategy.aggregate(1, replies)
+    z, reported = ff.average_class_gradients((r.arrays[GRADIENTS]["z"], r.arrays[GRADIENTS]["present"])
+                                             for r in replies)
+    ff.match_features(H0, torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported),
+                      torch.from_numpy(sent["head.weight"]), torch.from_numpy(sent["head.bias"]), 5, 0.5, "sgd")
+    assert np.allclose(strategy.features, wire.to_host(H0), atol=1e-6)
+
+
+def test_loading_a_state_replaces_the_head_and_model_already_packed_for_sending():
+    old, new = _strategy(), _strategy()
+    new.aggregate(1, _replies(new))
+    old.train_payload(0, 1), old.evaluate_payload(0, 1)  # packs the initial head and model
+    old.load_state_dict(new.state_dict())
+    head = wire.unpack_arrays(old.train_payload(0, 2)[RETRAINED_HEAD])
+    assert all(np.array_equal(head[k], new.retrained[k]) for k in new.retrained)
+    evaluated = wire.unpack_arrays(old.evaluate_payload(0, 2)[wire.WEIGHTS])
+    assert np.array_equal(evaluated["head.weight"], new.retrained["head.weight"])

@@ -144,3 +144,25 @@ def test_a_short_federation(inprocess):
     summary, _ = inprocess(num_clients=3, method="pfedgraph", model="simplecnn", **{"local-steps": 3,
                            "num-server-rounds": 2, "batch-size": 16, "lr": 0.01})
     assert summary["dropped_replies"] == 0 and summary["rounds"] == 2 and 0 < summary["final_acc"] <= 1
+
+
+def test_the_cvxpy_solver_option_solves_the_graph_with_cvxpy(monkeypatch):
+    """pfedgraph.solver = cvxpy reaches the numerical QP (the reference route) and gives the authors' graph."""
+    from fedstrategies import fedsac_math
+
+    calls = []
+    real = fedsac_math.solve_graph_cvxpy
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fedsac_math, "solve_graph_cvxpy", counted)
+    s = strategy(4, solver="cvxpy")
+    replies = replies_for(s, np.random.default_rng(3), range(4), [30, 60, 90, 20])
+    s.aggregate(1, replies)
+    assert calls == [4]
+    np.testing.assert_allclose(s.graph, authors_graph(replies, 0.8), atol=1e-5)
+    closed = strategy(4)
+    closed.aggregate(1, replies)
+    assert calls == [4]  # the default route does not call cvxpy

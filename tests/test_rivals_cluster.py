@@ -877,3 +877,18 @@ def test_server_time_times_fedamps_two_products_on_the_rounds_stacked_models(met
     assert part["what"] == "Gram + mixing products"
     assert part["mb"] == pytest.approx(5 * d * 4 / 2**20)
     assert part["s"] > 0 and part["cpu_s"] >= 0
+
+
+def test_fedamp_maths_is_float64_whatever_the_input_dtype():
+    """float32 distances or weights (a model's dtype) do not round FedAMP's weights, sigma or spread to float32."""
+    d64 = np.array([[0.0, 1.0, 3.0], [1.0, 0.0, 2.0], [3.0, 2.0, 0.0]]) / 3.0
+    d32 = d64.astype(np.float32)
+    np.testing.assert_allclose(fedamp_weights(d32, 0.7, 1.3), fedamp_weights(d32.astype(np.float64), 0.7, 1.3),
+                               rtol=1e-14)
+    b, c = 1.0, 1.0 + 2.0 ** -23  # both exact in float32, their mean is not
+    d = np.array([[0.0, 0.0, b], [0.0, 0.0, c], [b, c, 0.0]], dtype=np.float32)
+    sigma, alpha = median_scale(d, 0.5)
+    assert sigma == (b + c) / 2 and alpha == 0.5 * sigma / 2
+    xi64 = np.array([[0.5, 0.1, 0.4], [0.3, 0.3, 0.4], [0.05, 0.15, 0.8]]) / 0.7
+    xi32 = xi64.astype(np.float32)
+    assert attention_spread(xi32) == pytest.approx(attention_spread(xi32.astype(np.float64)), rel=1e-14)

@@ -303,6 +303,8 @@ def test_gpfl_conditional_inputs_are_the_plain_and_the_class_share_weighted_embe
     g, p = conditional_inputs(w, torch.tensor([2, 0, 1]))
     assert torch.allclose(g, torch.tensor([4 / 3, 5 / 3]))
     assert torch.allclose(p, (2 * w[0] + w[2]) / 3)
+    g64, p64 = conditional_inputs(w.double(), torch.tensor([2, 0, 1]))  # the shares take the embeddings' dtype
+    assert p64.dtype == torch.float64 and torch.allclose(p64, (2 * w[0] + w[2]).double() / 3)
 
 
 def test_gpfl_conditional_valve_written_out_in_numpy():

@@ -53,13 +53,18 @@ TARGETS: dict[str, Target] = {
     "gpfl": Target(("fedstrategies/gpfl.py", "clients/gpfl.py", "fedcore/conditional_valve.py"),
                    ("tests/test_rivals_heads.py",)),
     "fedamp": Target(("fedstrategies/fedamp.py", "fedstrategies/heurfedamp.py", "fedstrategies/fedamp_math.py",
-                      "fedstrategies/pairwise.py", "clients/fedamp.py"), ("tests/test_rivals_cluster.py",)),
+                      "fedstrategies/pairwise.py", "clients/fedamp.py"),
+                     ("tests/test_pairwise.py", "tests/test_rivals_cluster.py")),
     "cfl": Target(("fedstrategies/cfl.py", "fedstrategies/cfl_math.py", "clients/cfl.py"), ("tests/test_rivals_cluster.py",)),
     "fesem": Target(("fedstrategies/fesem.py", "fedstrategies/fesem_math.py", "clients/fesem.py"),
                     ("tests/test_rivals_cluster.py",)),
     "per-fedavg": Target(("fedstrategies/per_fedavg.py", "clients/per_fedavg.py"), ("tests/test_rivals_optim.py",)),
     "pfedme": Target(("fedstrategies/pfedme.py", "clients/pfedme.py"), ("tests/test_rivals_optim.py",)),
     "l2gd": Target(("fedstrategies/l2gd.py", "clients/l2gd.py"), ("tests/test_rivals_optim.py",)),
+    # CReFF's re-training shares fedstrategies/federated_features.py with MuPFL (mutated there); its own code here
+    "creff": Target(("fedstrategies/creff.py", "clients/creff.py"), ("tests/test_creff.py",)),
+    # pFedGraph is FedSaC's server and client minus the feature subspace (fedsac*.py are mutated for FedSaC)
+    "pfedgraph": Target(("fedstrategies/pfedgraph.py", "clients/pfedgraph.py"), ("tests/test_fedsac_pfedgraph.py",)),
     "fednova": Target(("fedstrategies/fednova.py", "clients/fednova.py", "fedcore/methods/fednova.py"),
                       ("tests/test_rivals_optim.py",)),
 }
