@@ -21,8 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcore import wire
-
 ROUND_FIELDS = ["round", "acc_weighted", "acc_client_mean", "acc_client_std", "loss", "train_loss",
                 "bytes_up", "bytes_down", "eval_bytes_down", "wall_s", "eval_s", "startup_s", "replies", "dropped",
                 "eval_clients", "state_round_min", "state_lost"]
@@ -195,6 +193,8 @@ class ResultsWriter:
     def add_placement(self, server_round: int, phase: str, replies) -> None:
         """placement.csv: which host, process and (under Ray) cluster node computed each reply of a phase;
         error replies and replies without a ``placement`` record (a fault-injected one) have no row."""
+        from fedcore import wire  # here: the launcher's config check imports this module without Flower
+
         rows = []
         for msg in replies:
             where = wire.placement_of(msg)
