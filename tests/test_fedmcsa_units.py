@@ -69,6 +69,27 @@ def test_attention_of_opposite_and_zero_vectors():
     np.testing.assert_allclose(attention(big, 50.0), 0.5, rtol=1e-12)
 
 
+def test_attention_clamps_the_norms_at_the_given_eps():
+    """A row shorter than eps is scored with norm eps: the cosines by hand with the clamped norms."""
+    x = np.array([[3e-3, 4e-3], [1.0, 0.0], [0.0, 2.0]])
+    norms = np.array([0.1, 1.0, 2.0])  # max(||x_i||, eps = 0.1): the first row's 5e-3 is clamped
+    cos = np.clip((x @ x.T) / np.outer(norms, norms), -1.0, 1.0)
+    expected = np.exp(5.0 * cos) / np.exp(5.0 * cos).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(attention(x, 5.0, eps=0.1), expected, rtol=1e-12)
+    assert not np.allclose(attention(x, 5.0), expected, rtol=1e-6)  # the default eps leaves that row's norm alone
+
+
+def test_attention_of_float32_models_is_computed_in_float64():
+    """sigma = 50 magnifies a float32 Gram matrix's rounding of the cosines 50-fold in the exponent: float32 rows
+    get the attention of their exact float64 values, and two equal clients get equal weights."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 4000)).astype(np.float32)
+    x[3] = x[1]
+    psi = attention(x, 50.0)
+    np.testing.assert_allclose(psi, attention(x.astype(np.float64), 50.0), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(psi[1, [0, 2, 4]], psi[3, [0, 2, 4]], rtol=1e-12, atol=0)
+
+
 def test_components_group_by_module_or_by_tensor_and_skip_counters():
     w = {"a.0.weight": np.zeros((2, 2), np.float32), "a.0.bias": np.zeros(2, np.float32),
          "scale": np.ones(1, np.float64), "a.0.steps": np.array(3, np.int64), "b.weight": np.zeros(3, np.float16)}
