@@ -273,6 +273,20 @@ def test_greedy_columns_of_identical_and_sign_flipped_bases():
     np.testing.assert_allclose(angles[0, 2], np.pi / 2, atol=1e-7)
 
 
+def test_greedy_angle_of_opposite_columns_whose_cosine_rounds_below_minus_one_is_pi():
+    """A computed cosine can fall a few ulps under -1; clipped, its angle is pi, not NaN."""
+    rng = np.random.default_rng(0)
+    for _ in range(100):  # the first opposite pair (k = 1) whose rounded cosine is under -1
+        u = rng.standard_normal((7, 1))
+        bases = np.stack([u, -u])
+        cos = column_cosines(bases / np.linalg.norm(bases, axis=1, keepdims=True))[0, 1, 0, 0]  # as the rule does
+        if cos < -1.0:
+            break
+    assert cos < -1.0
+    angles = greedy_column_angles(bases)
+    assert np.isfinite(angles).all() and angles[0, 1, 0] == np.pi
+
+
 def test_complementarity_standard_mode_ignores_column_signs_greedy_mode_does_not():
     rng = np.random.default_rng(11)
     u = orthonormal(rng, 6, 2)
