@@ -136,9 +136,9 @@ class RayHead:
         return self
 
     def _temp_dir(self) -> str:
-        """A session folder of this head's own: two heads sharing Ray's default /tmp/ray would share
-        its ``session_latest``, and a driver could find the other cluster's sockets there. Short, as
-        Ray's socket paths must stay under 107 bytes (``flower_cli._ray_tmpdir``)."""
+        """A session folder of this head's own: two heads sharing Ray's default folder (``ray`` in the system's
+        temp dir) would share its ``session_latest``, and a driver could find the other cluster's sockets there.
+        Short, as Ray's socket paths must stay under 107 bytes (``flower_cli._ray_tmpdir``)."""
         base = self.env.get("RAY_TMPDIR") or tempfile.gettempdir()
         self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir=base)
         return self.temp_dir
