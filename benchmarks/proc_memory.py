@@ -30,23 +30,10 @@ def kind(cmdline: str) -> str:
 
 
 def descendants(root: int) -> list[int]:
-    """``root`` and every process below it (one pass over /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
+    """``root`` and every process below it (``runner.flower_cli.descendants`` reads /proc for them)."""
+    from runner.flower_cli import descendants as below
+
+    return [root, *below(root)]
 
 
 def process_memory(pid: int) -> tuple[int, int | None, str] | None:

@@ -415,9 +415,10 @@ def default_model(input_shape: tuple[int, ...]) -> str:
     raise ValueError(f"input shape must be (D,) or (C, H, W), got {tuple(input_shape)}")
 
 
-def pick_device(preference: str = "auto") -> torch.device:
+def pick_device(preference: str = "auto", key: str = "device") -> torch.device:
     """"auto": cuda when available else cpu; "cpu"; "cuda"/"cuda:N" (error if CUDA is missing or
-    the machine has no GPU N: a clear message at start, not a failure inside the first round)."""
+    the machine has no GPU N: a clear message at start, not a failure inside the first round). ``key``:
+    the run-config key the messages name (the clients' ``device`` or the server's ``server-device``)."""
     pref = (preference or "auto").lower()
     if pref == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -425,13 +426,13 @@ def pick_device(preference: str = "auto") -> torch.device:
         return torch.device("cpu")
     if re.fullmatch(r"cuda(:[0-9]+)?", pref):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device '{preference}' requested but CUDA is not available on this machine "
-                               f"(torch {torch.__version__}); use device='cpu' or 'auto'")
+            raise RuntimeError(f"{key} '{preference}' requested but CUDA is not available on this machine "
+                               f"(torch {torch.__version__}); use {key}='cpu' or 'auto'")
         index = int(pref.split(":")[1]) if ":" in pref else 0
         count = torch.cuda.device_count()
         if index >= count:
-            raise RuntimeError(f"device '{preference}' requested but this machine has {count} GPU(s) "
-                               f"(cuda:0 to cuda:{count - 1}); use device='cuda' or one of those")
+            raise RuntimeError(f"{key} '{preference}' requested but this machine has {count} GPU(s) "
+                               f"(cuda:0 to cuda:{count - 1}); use {key}='cuda' or one of those")
         return torch.device(pref)
     raise ValueError(f"unknown device preference '{preference}'; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 

@@ -346,11 +346,14 @@ def record_bytes(record) -> int:
     raise TypeError(f"unknown record type {type(record).__name__}")
 
 
-def content_bytes(content: RecordDict, seen: dict | None = None) -> int:
+def content_bytes(content: RecordDict, seen: dict | None = None, leave_out: tuple[str, ...] = ()) -> int:
     """Bytes of a message's content. ``seen`` (id -> bytes) lets a caller count a record shared by
-    many messages (FedAvg's global model) once per message without measuring it again."""
+    many messages (FedAvg's global model) once per message without measuring it again; the records
+    named in ``leave_out`` are not counted."""
     total = 0
     for name, record in content.items():
+        if name in leave_out:
+            continue
         if seen is not None and id(record) in seen:
             size = seen[id(record)]
         else:

@@ -40,16 +40,11 @@ _device = torch.device("cpu")
 def resolve(name: str) -> torch.device:
     """``auto`` | ``cpu`` | ``cuda`` -> a torch device; RuntimeError naming the key for ``cuda`` on a
     machine without CUDA (the run stops at start, not in its first aggregation)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"server-device 'cuda' requested but CUDA is not available on this machine "
-                               f"(torch {torch.__version__}); use server-device='cpu' or 'auto'")
-        return torch.device("cuda")
-    raise ValueError(f"unknown server-device '{name}'; use {', '.join(CHOICES)}")
+    if name not in CHOICES:
+        raise ValueError(f"unknown server-device '{name}'; use {', '.join(CHOICES)}")
+    from fedcore.models import pick_device
+
+    return pick_device(name, key="server-device")
 
 
 def select(name: str | torch.device) -> torch.device:

@@ -76,12 +76,7 @@ def _bytes(messages: list[Message]) -> int:
     """The method's traffic: a reply's placement record is run telemetry (where it was computed), left out so
     that the byte columns compare methods, and runs made before replies carried it, on what they send."""
     seen: dict = {}
-    return sum(wire.content_bytes(m.content, seen) - _placement_bytes(m) for m in messages if not m.has_error())
-
-
-def _placement_bytes(message: Message) -> int:
-    record = message.content.get(wire.PLACEMENT)
-    return 0 if record is None else wire.record_bytes(record) + len(wire.PLACEMENT) + 6
+    return sum(wire.content_bytes(m.content, seen, leave_out=(wire.PLACEMENT,)) for m in messages if not m.has_error())
 
 
 def _method_columns(metrics, prefix: str) -> dict:
