@@ -251,6 +251,21 @@ def check_data(cfg: Mapping[str, Any]) -> str:
         raise ConfigError(str(err)) from None
 
 
+def check_partition(cfg: Config, num_clients: int) -> None:
+    """Build the run's partition here, as every client will, so a split that cannot be made (too many clients for
+    the data, a class too small for the scheme) is refused before the federation starts instead of in each client.
+    numpy only: the launcher imports no torch. For runs whose clients share this machine's data."""
+    from partitions import PartitionError, build_splits, load_dataset
+
+    try:
+        data = load_dataset(cfg["dataset"], num_clients=num_clients, seed=cfg["seed"], data_dir=cfg["data-dir"],
+                            params=cfg.section(cfg["dataset"]), normalize=cfg["normalize"])
+        build_splits(data, cfg["partition"], num_clients, cfg["seed"], cfg.partition_params())
+    except (PartitionError, ValueError) as err:
+        raise ConfigError(f"{num_clients} clients on dataset {cfg['dataset']!r}, partition {cfg['partition']!r}: "
+                          f"{err}") from None
+
+
 class Config(Mapping):
     """A validated run config: every key present, typed and in range."""
 

@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from fedcore import flower_patches
+from fedcore.config import check_partition
 from runner import flower_cli as fc
 from runner.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
 from runner.memory_budget import check_launch
@@ -128,6 +129,7 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
+    check_partition(cfg, supernodes)  # a split the clients could not make is refused here, not in each of them
     if ray_address:
         check_cluster(ray_address)
     else:

@@ -39,6 +39,23 @@ def test_a_used_run_folder_stops_the_launcher_before_any_process_starts(tmp_path
     assert not (tmp_path / "home").exists()
 
 
+def test_a_split_the_clients_cannot_make_stops_the_launcher_before_any_process_starts(tmp_path):
+    """mnist5k has 5,000 images: 3,000 clients cannot each get two. Refused here, with the limit, not in each
+    client after the SuperLink and Ray have started."""
+    home = tmp_path / "home"
+    with pytest.raises(ConfigError, match=r"3000 clients on dataset 'mnist5k'.*use at most 2500 clients"):
+        simulate({"dataset": "mnist5k", "partition": "iid", "results-dir": str(tmp_path)}, supernodes=3000,
+                 app_dir=ROOT, flwr_home=home)
+    assert not home.exists()  # no SuperLink was started
+
+
+def test_the_in_process_engine_refuses_the_same_split_before_any_client_starts():
+    from runner.inprocess import run_inprocess
+
+    with pytest.raises(ConfigError, match="pathological.classes-per-client"):
+        run_inprocess({"dataset": "digits", "partition": "pathological", "pathological.classes-per-client": 11}, 4)
+
+
 @pytest.mark.parametrize("result,problem", [
     ({"status": "finished:failed", "summary": None}, "ended finished:failed"),
     ({"status": "finished:completed", "summary": None}, "no summary"),
