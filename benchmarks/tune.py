@@ -84,6 +84,9 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int) -> list[dict | Non
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(_run_inprocess, configs, [supernodes] * len(configs)))
+    for config, r in zip(configs, results):  # a failed setting says why, not only "failed"
+        if r["status"] != "finished:completed":
+            print(f"  {config['run-name']}: {r['status']} {r.get('details', '')}", flush=True)
     return [r["summary"] if r["status"] == "finished:completed" else None for r in results]
 
 
