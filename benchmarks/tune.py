@@ -158,6 +158,20 @@ def write_family(path: Path, records: dict[str, dict], fam: str) -> None:
     path.write_text("\n".join(lines))
 
 
+def merge_family(path: Path, ours: dict[str, dict], fam: str) -> dict[str, dict]:
+    """Write ``ours`` into the family file over what it holds now, under a lock: two presets of one family tuned
+    at the same time each keep the other's choices (each writing its own view would drop them). Returns the
+    merged records."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:  # the file itself is the lock (advisory): no lock file left in the tree
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merged = {**read_family(path), **ours}
+        write_family(path, merged, fam)
+    return merged
+
+
 def name_family_file(preset_path: Path, relative: str) -> bool:
     """Add ``tuned = "<relative>"`` under the preset's ``[compare]`` when it has no ``tuned`` key (True if added)."""
     text = Path(preset_path).read_text()
@@ -270,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         records[method] = tune_method(preset, entry, out, args.jobs or preset["compare"].get("jobs", 1))
         tuned_now.add(method)
-        write_family(family_file, records, family(preset.get("run-config", {})))  # after each method: resumable
+        records = merge_family(family_file, {m: records[m] for m in tuned_now},
+                               family(preset.get("run-config", {})))  # after each method: resumable
     if name_family_file(args.preset, os.path.relpath(family_file, args.preset.parent)):
         print(f"{args.preset}: now reads {family_file}", flush=True)
     preset = load_preset(args.preset)  # with the choices, for the common-key table

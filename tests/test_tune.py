@@ -57,6 +57,21 @@ def test_budget_is_half_the_rounds_and_the_family_is_dataset_and_partition(tmp_p
     assert tune.tuned_path(tmp_path / "x.toml", preset) == tmp_path / "tuned" / "mnist5k-dirichlet.toml"
 
 
+def test_two_presets_of_one_family_tuned_at_once_keep_each_others_choices(tmp_path):
+    """Two tune commands on one family file, each holding its own view: the second write keeps the first's
+    method (writing its view alone would drop it, as happened to three choices of mnist5k-pathological)."""
+    path = tmp_path / "tuned" / "fam.toml"
+    record = lambda v: {"chosen": {"m.x": v}, "preset": "p", "commit": "c", "seed": 0, "rounds": 2,  # noqa: E731
+                        "of-rounds": 4, "grid": [{"setting": {"x": v}, "val_acc": 0.5, "val_round": 2}]}
+    first = tune.merge_family(path, {"fedproto": record(1.0)}, "fam")
+    second = tune.merge_family(path, {"gpfl": record(0.1)}, "fam")  # this process never read fedproto
+    assert set(first) == {"fedproto"} and set(second) == {"fedproto", "gpfl"}
+    on_disk = tune.read_family(path)
+    assert on_disk["fedproto"]["chosen"] == {"m.x": 1.0} and on_disk["gpfl"]["chosen"] == {"m.x": 0.1}
+    assert tune.merge_family(path, {"gpfl": record(0.01)}, "fam")["gpfl"]["chosen"] == {"m.x": 0.01}  # retune wins
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fam.toml"]  # no lock file left beside it
+
+
 def _preset(tmp_path, extra: str = "") -> tuple:
     conf = tmp_path / "conf"
     conf.mkdir(exist_ok=True)
