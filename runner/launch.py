@@ -129,11 +129,11 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     app_dir = Path(app_dir).resolve()
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
-    check_partition(cfg, supernodes)  # a split the clients could not make is refused here, not in each of them
     if ray_address:
         check_cluster(ray_address)
     else:
         check_launch(supernodes, cpus_per_client)  # NotEnoughMemory (a ConfigError) for a run that would not fit
+    check_partition(cfg, supernodes)  # a split the clients could not make is refused here, not in each of them
     if gpus_per_client is None:
         gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
     elif gpus_per_client <= 0 and str(cfg["device"]).startswith("cuda"):

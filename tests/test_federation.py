@@ -150,9 +150,25 @@ def test_a_crashing_client_is_dropped_not_fatal(inprocess, monkeypatch):
     assert summary["dropped_replies"] == 2 and summary["final_acc"] is not None
 
 
-def test_too_few_samples_stops_the_run_at_start(inprocess):
-    with pytest.raises(StartupError, match="could not start.*"):
+def test_too_few_samples_is_refused_before_any_client_starts(inprocess):
+    from fedcore.config import ConfigError
+
+    with pytest.raises(ConfigError, match="1797 samples.*use at most 898 clients"):
         inprocess(method="local", num_clients=1000, partition="iid")
+
+
+def test_clients_that_cannot_make_their_split_stop_the_run_at_start(tmp_path):
+    """Deployed, the data is on the SuperNodes and the server cannot check it first: the clients' own failure
+    still stops the run at its start (the same run, with the launcher's check left out)."""
+    from clients.app import app as client_app
+    from fedcore.config import Config
+    from runner.inprocess import InProcessGrid
+    from server_app.app import run_experiment
+    from tests.conftest import small_config
+
+    config = small_config(tmp_path, method="local", partition="iid")
+    with pytest.raises(StartupError, match="could not start.*"):
+        run_experiment(InProcessGrid(client_app, 1000, config), Config.from_run_config(config))
 
 
 def test_fraction_train_samples_clients_deterministically(inprocess):
