@@ -29,7 +29,7 @@ from clients.training import (LossFn, StepCallback, class_means, crop_flip, cros
 from fedcore import determinism, wire
 from fedcore.config import Config
 from fedcore.models import SplitModel, pick_device, seeded_model
-from partitions import build_splits, load_dataset
+from partitions import federated_data
 
 META = "meta"  # context.state ConfigRecord: {"state-round": round in which the state was last written}
 
@@ -71,23 +71,7 @@ class ClientData:
             wire.to_host(self.y_val), minlength=self.num_classes))
 
 
-def _frozen(d: dict) -> tuple:
-    return tuple(sorted(d.items()))
-
-
-@lru_cache(maxsize=4)
-def _federated_data(dataset: str, partition: str, num_clients: int, seed: int, data_dir: str,
-                    dataset_params: tuple, partition_params: tuple, normalize: str = "dataset"):
-    """The whole dataset and every client's split, computed once per process (deterministic)."""
-    data = load_dataset(dataset, num_clients=num_clients, seed=seed, data_dir=data_dir, params=dict(dataset_params),
-                        normalize=normalize)
-    splits = build_splits(data, partition, num_clients, seed, dict(partition_params))
-    return data, splits
-
-
-def dataset_params(cfg: Config) -> dict:
-    """Run-config keys ``<dataset>.*`` (e.g. ``synthetic.alpha``) passed to the dataset loader."""
-    return cfg.section(cfg["dataset"])
+_federated_data = lru_cache(maxsize=4)(federated_data)  # the whole dataset and every split, once per process
 
 
 @lru_cache(maxsize=4096)  # every client of an in-process run: one process may serve hundreds
@@ -124,9 +108,7 @@ def _client_data(key: tuple, pid: int, device: str) -> ClientData:
 
 
 def load_client_data(cfg: Config, pid: int, num_clients: int, device: torch.device) -> ClientData:
-    key = (cfg["dataset"], cfg["partition"], num_clients, cfg["seed"], cfg["data-dir"],
-           _frozen(dataset_params(cfg)), _frozen(cfg.partition_params()), cfg["normalize"])
-    return _client_data(key, pid, str(device))
+    return _client_data(cfg.data_key(num_clients), pid, str(device))
 
 
 def set_client_threads(cfg: Config) -> None:

@@ -255,12 +255,10 @@ def check_partition(cfg: Config, num_clients: int) -> None:
     """Build the run's partition here, as every client will, so a split that cannot be made (too many clients for
     the data, a class too small for the scheme) is refused before the federation starts instead of in each client.
     numpy only: the launcher imports no torch. For runs whose clients share this machine's data."""
-    from partitions import PartitionError, build_splits, load_dataset
+    from partitions import PartitionError, federated_data
 
     try:
-        data = load_dataset(cfg["dataset"], num_clients=num_clients, seed=cfg["seed"], data_dir=cfg["data-dir"],
-                            params=cfg.section(cfg["dataset"]), normalize=cfg["normalize"])
-        build_splits(data, cfg["partition"], num_clients, cfg["seed"], cfg.partition_params())
+        federated_data(*cfg.data_key(num_clients))
     except (PartitionError, ValueError) as err:
         raise ConfigError(f"{num_clients} clients on dataset {cfg['dataset']!r}, partition {cfg['partition']!r}: "
                           f"{err}") from None
@@ -318,6 +316,13 @@ class Config(Mapping):
         params["train-fraction"] = self["train-fraction"]
         params["val-fraction"] = self["val-fraction"]
         return params
+
+    def data_key(self, num_clients: int) -> tuple:
+        """What decides the clients' data (``partitions.federated_data``'s arguments), hashable: the key the
+        clients cache their splits under."""
+        return (self["dataset"], self["partition"], num_clients, self["seed"], self["data-dir"],
+                tuple(sorted(self.section(self["dataset"]).items())), tuple(sorted(self.partition_params().items())),
+                self["normalize"])
 
     def hparams(self) -> dict[str, Any]:
         """The selected method's hyperparameters."""

@@ -414,6 +414,17 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
     return [ClientSplit(s.train.copy(), s.test.copy(), s.val.copy()) for s in cached]
 
 
+def federated_data(dataset: str, partition: str, num_clients: int, seed: int, data_dir: str,
+                   dataset_params: tuple, partition_params: tuple, normalize: str = "dataset"):
+    """The whole dataset and every client's split from a run's data key (``Config.data_key``): what every client
+    builds, and what the launcher builds first to refuse a split that cannot be made."""
+    from .datasets import load_dataset
+
+    data = load_dataset(dataset, num_clients=num_clients, seed=seed, data_dir=data_dir, params=dict(dataset_params),
+                        normalize=normalize)
+    return data, build_splits(data, partition, num_clients, seed, dict(partition_params))
+
+
 def write_split_file(path: str, dataset_name: str, splits: list[ClientSplit]) -> None:
     """Save splits in the ``file`` format, e.g. to freeze a partition or share it. A client's
     validation samples are written with its training ones (the format has no validation list):
