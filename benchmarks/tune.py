@@ -6,7 +6,10 @@ validation from the same small grid, once per method and data family, by one com
 For every method of the preset that ``fedcore.tuning_grid.GRIDS`` names and the family file does not hold yet:
 run each of its settings (at most 9) once, on the preset's first seed, for ``ROUNDS_FRACTION`` of its rounds,
 with the preset's common keys and the row's own options, and keep the setting with the best validation accuracy
-(``best_val_acc``; test accuracy is never read). The choice goes to ``conf/tuned/<dataset>-<partition>.toml``
+(``best_val_acc``; test accuracy is never read) unless it beats the method's default by no more than noise: one
+standard error of the difference of two accuracies over the validation split's n images (``choose``); then the
+default stays, so that a choice never rests on a handful of images. ``--rechoose`` applies the rule again to the
+validation numbers a family file holds, without running anything. The choice goes to ``conf/tuned/<dataset>-<partition>.toml``
 (beside the preset; ``[compare] tuned`` names another), which every preset of that family reads through
 ``[compare] tuned``: the command adds that line to the preset when it is missing. A method already in the file
 is reused, not tuned again (``--retune`` does). ``<output>/tuning.md`` lists, for every row, the grid and its
@@ -47,10 +50,49 @@ def check_validation(preset: dict, where: str) -> None:
         raise SystemExit(f"{where}: tuning selects on the validation split; set val-fraction > 0 in [run-config]")
 
 
-def choose(records: list[dict]) -> int | None:
-    """Index of the setting with the highest validation accuracy (the first of equals); None if none finished."""
+NOISE_SE = 1.0  # a setting replaces the default only when it beats it by more than this many standard errors
+
+
+def default_setting(method: str) -> dict:
+    """The method's own defaults (its ``HPARAMS``) for the keys the protocol tunes: what its rows run untuned."""
+    from fedcore.config import schema
+
+    keys = schema()
+    return {k: keys[k].default for k in tuned_keys(method)}
+
+
+def noise(p: float, q: float, n: int) -> float:
+    """Standard error of the difference of two accuracies p and q, each over the same n validation images, taken
+    as independent binomials (so it errs on the side of keeping the default: two models of one method mostly
+    err on the same images)."""
+    return math.sqrt((p * (1 - p) + q * (1 - q)) / n)
+
+
+def choose(records: list[dict], default: dict | None = None, val_samples: int | None = None) -> int | None:
+    """Index of the chosen setting: the highest validation accuracy (the first of equals), unless the ``default``
+    setting finished within ``NOISE_SE`` standard errors of it (``noise`` over ``val_samples`` images; without
+    ``val_samples``, only an exact tie) -- then the default. None if no setting finished."""
     scored = [(r["val_acc"], -i) for i, r in enumerate(records) if r.get("val_acc") is not None]
-    return -max(scored)[1] if scored else None
+    if not scored:
+        return None
+    best = -max(scored)[1]
+    d = next((i for i, r in enumerate(records) if r.get("setting") == default and r.get("val_acc") is not None), None)
+    if default is None or d is None:
+        return best
+    p, q = records[best]["val_acc"], records[d]["val_acc"]
+    margin = NOISE_SE * noise(p, q, val_samples) if val_samples else 0.0
+    return best if p - q > margin else d
+
+
+def validation_samples(config: dict, num_clients: int) -> int:
+    """The validation images behind a tuning run's accuracy: every client's validation split (all clients
+    evaluate, and the selection metric pools them), from the run's own data key."""
+    from fedcore.config import Config
+    from partitions import federated_data
+
+    cfg = Config.from_run_config({k: v for k, v in config.items() if k not in ("results-dir", "run-name")})
+    _, splits = federated_data(*cfg.data_key(num_clients))
+    return int(sum(len(s.val) for s in splits))
 
 
 def method_rows(preset: dict) -> dict[str, object]:
@@ -100,14 +142,35 @@ def tune_method(preset: dict, entry, out: Path, jobs: int) -> dict:
     grid = settings(entry.method)
     records = [{"setting": s, "val_acc": None if sm is None else sm.get(SELECT_ON),
                 "val_round": None if sm is None else sm.get("best_val_round")} for s, sm in zip(grid, summaries)]
-    best = choose(records)
+    n = validation_samples(configs[0], preset["compare"].get("supernodes", 10))
+    best = choose(records, default_setting(entry.method), n)
     for r in records:
         print(f"  {json.dumps(r['setting'])}: validation {_pct(r['val_acc'])}", flush=True)
     print(f"  chosen: {json.dumps(grid[best]) if best is not None else 'none (every run failed)'}  "
-          f"({time.monotonic() - t0:.0f} s)", flush=True)
+          f"(of {n} validation images; {time.monotonic() - t0:.0f} s)", flush=True)
     return {"chosen": grid[best] if best is not None else {}, "grid": records, "seed": configs[0]["seed"],
             "rounds": tuning_budget(preset), "of-rounds": int(preset.get("run-config", {}).get("num-server-rounds", 0)),
-            "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", "")}
+            "val-samples": n, "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", "")}
+
+
+def rechoose(records: dict[str, dict], preset_dir: Path) -> dict[str, tuple[dict, dict]]:
+    """Apply ``choose`` again to every record's validation numbers, in place (a record without ``val-samples``
+    gets it from its own preset, beside ``preset_dir``, and seed). Returns method -> (old, new) choice for the
+    choices that changed."""
+    from runner.compare import load_preset
+
+    changed = {}
+    for method, rec in records.items():
+        if not rec.get("val-samples"):
+            preset = load_preset(preset_dir / f"{rec['preset']}.toml")
+            config = {**grid_configs(preset, method_rows(preset)[method], Path("."))[0], "seed": rec["seed"]}
+            rec["val-samples"] = validation_samples(config, preset["compare"].get("supernodes", 10))
+        i = choose(rec["grid"], default_setting(method), rec["val-samples"])
+        new = rec["grid"][i]["setting"] if i is not None else {}
+        if new != rec["chosen"]:
+            changed[method] = (rec["chosen"], new)
+        rec["chosen"] = new
+    return changed
 
 
 # ---------------------------------------------------------------------- the family file
@@ -147,7 +210,8 @@ def write_family(path: Path, records: dict[str, dict], fam: str) -> None:
     for method in sorted(records):
         rec = records[method]
         lines.append(f'[tuning."{method}"]')
-        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "seed", "rounds", "of-rounds") if k in rec]
+        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "seed", "rounds", "of-rounds", "val-samples")
+                  if k in rec]
         lines.append("grid = [")
         for g in rec["grid"]:
             fields = [f"setting = {_toml(json.dumps(g['setting'], sort_keys=True))}"]
@@ -224,7 +288,8 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
              f"Made by `python -m benchmarks.tune {preset_path}` (issue #45's protocol, `fedcore/tuning_grid.py`): "
              f"each method's own hyperparameters (at most two, at most {MAX_SETTINGS} settings) chosen on the "
              f"validation split (weighted validation accuracy at its best evaluated round; test accuracy is never "
-             f"read), seed {spec.get('seeds', [0])[0]}, {tuning_budget(preset)} of the preset's "
+             f"read; the method's default stays unless a setting beats it by more than {NOISE_SE:g} standard error "
+             f"of the difference over the validation images), seed {spec.get('seeds', [0])[0]}, {tuning_budget(preset)} of the preset's "
              f"{preset.get('run-config', {}).get('num-server-rounds', '?')} rounds, once per method for the "
              f"`{family(preset.get('run-config', {}))}` family (`{family_file.name}`; every preset of the family "
              "reuses the choice). Rows without a grid have no hyperparameter of their own to tune.", ""]
@@ -237,10 +302,13 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
             continue
         where = ("tuned by this command" if e.method in tuned_now else
                  f"reused: tuned with preset `{rec.get('preset', '?')}` at commit {rec.get('commit', '?') or '?'}")
-        lines += [f"## {e.method}", "", f"{where}; chosen: `{json.dumps(rec['chosen'])}`", "",
+        n = f" of {rec['val-samples']} validation images" if rec.get("val-samples") else ""
+        lines += [f"## {e.method}", "", f"{where}; chosen{n}: `{json.dumps(rec['chosen'])}`", "",
                   "| setting | validation accuracy (%) | best round | |", "|---|---|---|---|"]
+        default = default_setting(e.method)
         for g in rec["grid"]:
-            mark = "chosen" if g["setting"] == rec["chosen"] else ""
+            mark = " ".join(w for w, on in (("chosen", g["setting"] == rec["chosen"]),
+                                            ("(default)", g["setting"] == default)) if on)
             lines.append(f"| `{json.dumps(g['setting'])}` | {_pct(g['val_acc'])} | {g.get('val_round') or '-'} | {mark} |")
         lines.append("")
     table = common_keys(preset)
@@ -265,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", help="comma-separated methods to tune (default: every method of the preset)")
     parser.add_argument("--retune", action="store_true", help="tune again a method the family file already holds")
     parser.add_argument("--jobs", type=int, help="runs in parallel (default: the preset's jobs)")
+    parser.add_argument("--rechoose", action="store_true", help="apply the choice rule again to the validation "
+                        "numbers the family file holds (every method of it), run nothing, and say what changed")
     parser.add_argument("--app", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     preset = load_preset(args.preset)
@@ -273,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     preset["made"] = {"commit": _commit()}
     family_file = tuned_path(args.preset, preset)
     records = read_family(family_file)
+    if args.rechoose:
+        changed = rechoose(records, args.preset.parent)
+        merge_family(family_file, records, family(preset.get("run-config", {})))
+        for method, (old, new) in sorted(changed.items()):
+            print(f"{method}: {json.dumps(old)} -> {json.dumps(new)}", flush=True)
+        print(f"{family_file}: {len(changed)} of {len(records)} choices changed", flush=True)
+        return 0
     out = (args.app / preset["compare"].get("output", f"results/compare/{args.preset.stem}")).resolve()
     wanted = set(args.methods.split(",")) if args.methods else None
     tuned_now: set[str] = set()
