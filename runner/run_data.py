@@ -1,7 +1,7 @@
 """Per-run results kept in the repository beside a comparison table (``runs.json.gz``), so every number of the
 table can be recomputed from them: each run's evaluated rounds (test and validation accuracy, weighted and client
 mean, and any method column a row reports), its per-client final accuracy, traffic and time per round, and its
-provenance (commit, source hash, resolved config). The run folders themselves (``runs/``) stay out of git.
+provenance (commit, source hash, resolved config less this machine's paths). The run folders themselves (``runs/``) stay out of git.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from server_app.results import accuracy_summary
 FILE = "runs.json.gz"
 SCALARS = ("bytes_up_per_round", "bytes_down_per_round", "wall_s_per_round")
 NOT_SERIES = {"eval_clients", "eval_bytes_down", "eval_s"}
+MACHINE_KEYS = ("results-dir",)  # where the run folder lay on the machine that ran it: not for the repository
 
 
 def _number(text: str):
@@ -49,8 +50,9 @@ def collect(folder: Path, label: str, seed: int, code: dict | None = None) -> di
     from runner import provenance
 
     stamp = provenance.read(folder) or {**(code or {}), "config": json.loads((folder / "config.json").read_text())}
+    config = {k: v for k, v in (stamp.get("config") or {}).items() if k not in MACHINE_KEYS}
     return {"label": label, "seed": seed, "status": summary.get("status"), "final_round": final_round,
-            "commit": stamp.get("commit"), "source_hash": stamp.get("source_hash"), "config": stamp.get("config"),
+            "commit": stamp.get("commit"), "source_hash": stamp.get("source_hash"), "config": config,
             "rounds": {"round": [r["round"] for r in evaluated],
                        **{c: [r.get(c) for r in evaluated] for c in columns}},
             "clients_final": clients, **{k: summary.get(k) for k in SCALARS}}

@@ -130,6 +130,7 @@ def test_a_table_recomputes_from_its_per_run_data(tmp_path):
             assert again[key] == saved[key], key
         clients = run["clients_final"]
         assert sum(clients["accuracy"]) / len(clients["accuracy"]) == pytest.approx(saved["client_acc_mean"])
+    assert str(tmp_path) not in json.dumps(run_data.load(out))  # no path of the machine that ran it
     table = (out / "table.md").read_text()
     assert "± is the sample std over seeds (ddof = 1)" in table and "95% t-interval" in table
     assert "| fedavg minus row (at best-val round, weighted; points, paired 95% t-interval over seeds) |" in table
@@ -142,6 +143,8 @@ def test_every_docs_table_with_per_run_data_recomputes_from_it(folder):
     assert (folder / run_data.FILE).stat().st_size < 400_000, "per-run data must stay small"
     commits = json.loads((folder / "preset.json").read_text())["made"]["commits"]
     assert {r["commit"] for r in run_data.load(folder)} == set(commits)
+    paths = {v for r in run_data.load(folder) for v in r["config"].values() if isinstance(v, str) and v.startswith("/")}
+    assert not paths, f"machine paths in {run_data.FILE}: {sorted(paths)[:3]}"
 
 
 def test_the_paired_t_interval_matches_a_hand_computation():
