@@ -230,3 +230,28 @@ def test_shipped_presets_give_every_row_the_same_common_keys_or_say_why_not(pres
     from runner.compare import load_preset
 
     assert set(tune.unequal_keys(load_preset(preset))) == KNOWN_UNEQUAL.get(preset.name, set())
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in (ROOT / "conf").glob("*.toml") if "\ntuned = " in p.read_text()),
+                         ids=lambda p: p.name)
+def test_a_family_choice_equal_to_the_default_leaves_the_rows_run_config_unchanged(preset):
+    """Where the family keeps a method's default, its rows resolve to the same run config as without the family
+    file: a table built before the preset read it (e.g. FedFCD's Fig. 5 tables) ran what the preset asks now."""
+    from fedcore.config import Config
+    from runner.compare import entries, load_preset, run_config
+
+    tuned, plain = load_preset(preset), load_preset(preset)
+    plain.pop("tuned-config")
+
+    def resolved(p, e):
+        return Config.from_run_config({k: v for k, v in run_config(p, e, 0, ROOT).items()
+                                       if k not in ("results-dir", "run-name")}).to_dict()
+
+    checked = 0
+    for e, f in zip(entries(tuned), entries(plain)):
+        choice = tuned["tuned-config"].get(e.method)
+        if e.runs_of is None and choice is not None and choice == tune.default_setting(e.method):
+            assert resolved(tuned, e) == resolved(plain, f), e.label
+            checked += 1
+    fig5 = preset.name.startswith("fedfcd-fig5-mnist5k")
+    assert checked == 4 or not fig5  # every row of the Fig. 5 presets is at its default
