@@ -9,12 +9,12 @@ with the preset's common keys and the row's own options, and keep the setting wi
 (``best_val_acc``; test accuracy is never read) unless it beats the method's default by no more than noise: one
 standard error of the difference of two accuracies over the validation split's n images (``choose``); then the
 default stays, so that a choice never rests on a handful of images. ``--rechoose`` applies the rule again to the
-validation numbers a family file holds, without running anything. The choice goes to ``conf/tuned/<dataset>-<partition>.toml``
-(beside the preset; ``[compare] tuned`` names another), which every preset of that family reads through
-``[compare] tuned``: the command adds that line to the preset when it is missing. A method already in the file
-is reused, not tuned again (``--retune`` does). ``<output>/tuning.md`` lists, for every row, the grid and its
-validation numbers (or where the reused choice was made) and the common keys each row runs with, flagging any
-that differ between rows and are not declared in ``[compare] unequal`` (key -> why).
+validation numbers a family file holds, without running anything. The choice goes to
+``conf/tuned/<dataset>-<partition>.toml`` (beside the preset; ``[compare] tuned`` names another), which every
+preset of that family reads through ``[compare] tuned``: the command adds that line to the preset when it is
+missing. A method already in the file is reused, not tuned again (``--retune`` does). ``<output>/tuning.md``
+lists, for every row, the grid and its validation numbers (or where the reused choice was made) and the common
+keys each row runs with, flagging any that differ between rows and are not declared in ``[compare] unequal`` (key -> why).
 """
 
 from __future__ import annotations
@@ -84,14 +84,19 @@ def choose(records: list[dict], default: dict | None = None, val_samples: int | 
     return best if p - q > margin else d
 
 
+def resolved(run_config: dict):
+    """A run config as the run resolves it (``Config``), less the keys that only say where its folder goes."""
+    from fedcore.config import Config
+
+    return Config.from_run_config({k: v for k, v in run_config.items() if k not in ("results-dir", "run-name")})
+
+
 def validation_samples(config: dict, num_clients: int) -> int:
     """The validation images behind a tuning run's accuracy: every client's validation split (all clients
     evaluate, and the selection metric pools them), from the run's own data key."""
-    from fedcore.config import Config
     from partitions import federated_data
 
-    cfg = Config.from_run_config({k: v for k, v in config.items() if k not in ("results-dir", "run-name")})
-    _, splits = federated_data(*cfg.data_key(num_clients))
+    _, splits = federated_data(*resolved(config).data_key(num_clients))
     return int(sum(len(s.val) for s in splits))
 
 
@@ -252,14 +257,12 @@ def name_family_file(preset_path: Path, relative: str) -> bool:
 # ---------------------------------------------------------------------- common keys
 def common_keys(preset: dict) -> dict[str, dict]:
     """label -> the common keys its runs resolve to (``auto`` replaced by the method's paper setting)."""
-    from fedcore.config import Config
     from runner.compare import entries, run_config
 
     out = {}
     for e in entries(preset):
         if e.runs_of is None:
-            cfg = Config.from_run_config({k: v for k, v in run_config(preset, e, 0, Path(".")).items()
-                                          if k not in ("results-dir", "run-name")})
+            cfg = resolved(run_config(preset, e, 0, Path(".")))
             out[e.label] = {k: cfg[k] for k in COMMON_KEYS}
     return out
 
@@ -289,7 +292,8 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
              f"each method's own hyperparameters (at most two, at most {MAX_SETTINGS} settings) chosen on the "
              f"validation split (weighted validation accuracy at its best evaluated round; test accuracy is never "
              f"read; the method's default stays unless a setting beats it by more than {NOISE_SE:g} standard error "
-             f"of the difference over the validation images), seed {spec.get('seeds', [0])[0]}, {tuning_budget(preset)} of the preset's "
+             f"of the difference over the validation images), seed {spec.get('seeds', [0])[0]}, "
+             f"{tuning_budget(preset)} of the preset's "
              f"{preset.get('run-config', {}).get('num-server-rounds', '?')} rounds, once per method for the "
              f"`{family(preset.get('run-config', {}))}` family (`{family_file.name}`; every preset of the family "
              "reuses the choice). Rows without a grid have no hyperparameter of their own to tune.", ""]

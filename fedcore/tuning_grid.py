@@ -3,10 +3,11 @@ hyperparameters of its own that matter most and the grid each is chosen from.
 
 Every row of a comparison gets the same budget: at most ``MAX_SETTINGS`` settings, one seed, ``ROUNDS_FRACTION``
 of the preset's rounds, the setting with the best validation accuracy (test accuracy is never read) unless the
-method's default is within noise of it (``benchmarks.tune.choose``), once per method and data family (dataset and partition scheme): ``python -m benchmarks.tune conf/<preset>.toml`` runs it
-and writes the choice to ``conf/tuned/<dataset>-<partition>.toml``, which presets of that family name in
-``[compare] tuned`` (``load_tuned``). The common keys (``COMMON_KEYS``) are not tuned: they are the preset's,
-equal for every row unless the preset says why not (``[compare] unequal``).
+method's default is within noise of it (``benchmarks.tune.choose``), once per method and data family (dataset and
+partition scheme): ``python -m benchmarks.tune conf/<preset>.toml`` runs it and writes the choice to
+``conf/tuned/<dataset>-<partition>.toml``, which presets of that family name in ``[compare] tuned``
+(``load_tuned``). The common keys (``COMMON_KEYS``) are not tuned: they are the preset's, equal for every row
+unless the preset says why not (``[compare] unequal``).
 
 A method without an entry has no hyperparameter of its own that changes what it learns (FedAvg, local, FedPer,
 majority, FedNova, FedRoD's default loss): it runs at the common keys alone.

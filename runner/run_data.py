@@ -1,7 +1,8 @@
 """Per-run results kept in the repository beside a comparison table (``runs.json.gz``), so every number of the
 table can be recomputed from them: each run's evaluated rounds (test and validation accuracy, weighted and client
 mean, and any method column a row reports), its per-client final accuracy, traffic and time per round, and its
-provenance (commit, source hash, resolved config less this machine's paths). The run folders themselves (``runs/``) stay out of git.
+provenance (commit, source hash, resolved config less this machine's paths). The run folders themselves
+(``runs/``) stay out of git.
 """
 
 from __future__ import annotations

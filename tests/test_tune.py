@@ -237,15 +237,13 @@ def test_shipped_presets_give_every_row_the_same_common_keys_or_say_why_not(pres
 def test_a_family_choice_equal_to_the_default_leaves_the_rows_run_config_unchanged(preset):
     """Where the family keeps a method's default, its rows resolve to the same run config as without the family
     file: a table built before the preset read it (e.g. FedFCD's Fig. 5 tables) ran what the preset asks now."""
-    from fedcore.config import Config
     from runner.compare import entries, load_preset, run_config
 
     tuned, plain = load_preset(preset), load_preset(preset)
     plain.pop("tuned-config")
 
     def resolved(p, e):
-        return Config.from_run_config({k: v for k, v in run_config(p, e, 0, ROOT).items()
-                                       if k not in ("results-dir", "run-name")}).to_dict()
+        return tune.resolved(run_config(p, e, 0, ROOT)).to_dict()
 
     checked = 0
     for e, f in zip(entries(tuned), entries(plain)):
