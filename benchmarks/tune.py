@@ -127,9 +127,11 @@ def grid_configs(preset: dict, entry, out: Path) -> list[dict]:
 def run_grid(configs: list[dict], supernodes: int, jobs: int) -> list[dict | None]:
     """Every config in-process (the same ServerApp and ClientApp as a comparison), ``jobs`` at a time."""
     from runner.compare import _run_inprocess
+    from runner.inprocess import pool_context
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+    context = pool_context(*(c.get("device", "auto") for c in configs))  # spawn where a run is on CUDA
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
         results = list(pool.map(_run_inprocess, configs, [supernodes] * len(configs)))
     for config, r in zip(configs, results):  # a failed setting says why, not only "failed"
         if r["status"] != "finished:completed":

@@ -138,6 +138,22 @@ def test_in_process_workers_spawn_when_a_run_is_on_cuda(monkeypatch):
     assert pool_context("auto").get_start_method() == "spawn"
 
 
+def test_every_process_pool_of_the_project_takes_its_start_method_from_the_runs_devices():
+    """A pool that forks after CUDA started fails every run in it ("Cannot re-initialize CUDA in forked
+    subprocess"; benchmarks.tune did, found on an H200): each ProcessPoolExecutor of the project's code is
+    given ``mp_context``, which ``pool_context`` decides from the runs' devices."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    packages = ("fedcore", "fedstrategies", "clients", "partitions", "server_app", "runner", "benchmarks", "tools")
+    pools = [(path.relative_to(root).as_posix(), call.group(0))
+             for package in packages for path in sorted((root / package).rglob("*.py"))
+             for call in re.finditer(r"ProcessPoolExecutor\((?:[^()]|\([^()]*\))*\)", path.read_text())]
+    assert len(pools) >= 2, pools  # runner.compare's comparison and benchmarks.tune's grid at least
+    assert [p for p in pools if "mp_context=" not in p[1]] == []
+
+
 @pytest.mark.long
 def test_a_spawned_worker_runs_an_in_process_run(tmp_path):
     """What a CUDA comparison's workers do (spawn), shown on the CPU: the job travels by pickle and the
