@@ -129,13 +129,17 @@ def test_deterministic_sets_the_cuda_kernels_and_leaves_the_cpu_alone(torch_flag
 
 def test_in_process_workers_spawn_when_a_run_is_on_cuda(monkeypatch):
     """A forked child cannot use CUDA its parent started: CUDA runs get spawned workers, CPU runs the
-    platform's default (fork on Linux), as fast as before."""
+    platform's default (fork on Linux), as fast as before; once this process has started CUDA (an earlier
+    test in the same worker, on a GPU machine), every pool spawns."""
     default = multiprocessing.get_start_method()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     assert pool_context("cpu").get_start_method() == default
     assert pool_context("cpu", "cuda:1").get_start_method() == "spawn"
     assert pool_context("auto").get_start_method() == ("spawn" if torch.cuda.is_available() else default)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert pool_context("auto").get_start_method() == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert pool_context("cpu").get_start_method() == "spawn"
 
 
 def test_every_process_pool_of_the_project_takes_its_start_method_from_the_runs_devices():
