@@ -9,6 +9,10 @@ mean, dropped replies) under a header that holds the run config. This command ru
 the two engines give the same numbers), and writes ``table.md`` and ``results.json``: both accuracies
 and their difference per method. Split, initial model and data order come from the seed on the CPU, so a
 difference is what CUDA's kernels and random streams (dropout, sampling on the device) change.
+
+``--seeds 0,1,2`` runs each method on the CPU once per seed (the seed also draws the split) and adds the
+CPU's mean and sample std over them and whether the CUDA run lies within the CPU seeds' range: the
+yardstick for a difference that is not float noise. ``--methods`` keeps some of the kit's lines.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 LINE = re.compile(r"^(?P<method>[\w+.-]+)\s+(?P<status>\S+)\s+(?:acc (?P<acc>[\d.]+|-)\s+client-mean (?P<mean>[\d.]+|-)"
                   r".*?dropped (?P<dropped>\d+|-))?")
@@ -56,13 +62,14 @@ def _value(text: str):
     return text
 
 
-def cpu_run(config: dict, method: str, supernodes: int) -> dict:
-    """The CUDA run's config on the CPU, in-process; its final accuracies (or the error)."""
+def cpu_run(config: dict, method: str, supernodes: int, seed: int | None = None) -> dict:
+    """The CUDA run's config on the CPU (with ``seed`` where given), in-process; its final accuracies (or the
+    error)."""
     from runner.inprocess import run_inprocess
 
     with tempfile.TemporaryDirectory(prefix="cuda-vs-cpu-") as tmp:
         cfg = {**config, "method": method, "device": "cpu", "results-dir": tmp, "run-name": f"cpu-{method}",
-               "plots": False, "overwrite": True}
+               "plots": False, "overwrite": True, **({} if seed is None else {"seed": seed})}
         try:
             summary, _ = run_inprocess(cfg, supernodes)
         except Exception as err:  # a method that fails on the CPU is a row that says so
@@ -90,25 +97,54 @@ def table(rows: list[dict], config: dict, supernodes: int, made: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seed_table(rows: list[dict], config: dict, supernodes: int, made: dict, seeds: list[int]) -> str:
+    """Each CUDA run against the CPU's runs over ``seeds``: their accuracies, mean, sample std and range."""
+    lines = [f"CUDA: the GPU kit's flwr run ({made['gpu']}, the default seed); CPU: the in-process engine on this "
+             f"machine, seeds {', '.join(map(str, seeds))} (the seed also draws the split), the same run config "
+             f"({', '.join(f'{k}={v}' for k, v in config.items())}), {supernodes} clients. Pooled accuracy; ± is the "
+             "sample std over the CPU's seeds.",
+             f"Command: `{made['command']}` at commit `{made['commit']}`.", "",
+             "| method | CUDA acc % | " + " | ".join(f"CPU seed {s} %" for s in seeds)
+             + " | CPU mean ± std | CUDA within the CPU seeds' range |", "|---|---|" + "---|" * (len(seeds) + 2)]
+    for r in rows:
+        accs = [a for a in r["cpu_seeds"] if a is not None]
+        spread = (f"{100 * np.mean(accs):.2f} ± {100 * np.std(accs, ddof=1):.2f}" if len(accs) > 1 else "-")
+        within = ("-" if r.get("cuda_acc") is None or not accs
+                  else "yes" if min(accs) <= r["cuda_acc"] <= max(accs) else "no")
+        lines.append(f"| {r['method']} | {pct(r.get('cuda_acc'))} | " + " | ".join(pct(a) for a in r["cpu_seeds"])
+                     + f" | {spread} | {within} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("methods_txt", type=Path, help="the GPU kit's methods.txt")
     parser.add_argument("--out", type=Path, default=Path("docs/results/cuda-vs-cpu"))
     parser.add_argument("--gpu", default="the GPU named in the kit's summary", help="the GPU's name, for the table")
+    parser.add_argument("--methods", default="", help="comma-separated: only these of the kit's lines")
+    parser.add_argument("--seeds", default="", help="comma-separated CPU seeds: the CPU's spread beside each CUDA run")
     args = parser.parse_args(argv)
     from runner import provenance
     from runner.compare import _commit
 
     provenance.guard(args.out, allow_dirty=False)
     config, supernodes, rows = parse(args.methods_txt.read_text())
+    if args.methods:
+        rows = [r for r in rows if r["method"] in args.methods.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
     for row in rows:
-        row.update(cpu_run(config, row["method"], supernodes))
-        print(f"{row['method']:>12}: CUDA {pct(row['cuda_acc'])}  CPU {pct(row.get('cpu_acc'))}", flush=True)
+        if seeds:
+            row["cpu_seeds"] = [cpu_run(config, row["method"], supernodes, seed).get("cpu_acc") for seed in seeds]
+        else:
+            row.update(cpu_run(config, row["method"], supernodes))
+        print(f"{row['method']:>12}: CUDA {pct(row['cuda_acc'])}  CPU "
+              f"{row.get('cpu_seeds') or pct(row.get('cpu_acc'))}", flush=True)
     made = {"command": provenance.command_line("benchmarks.cuda_vs_cpu", argv), "commit": _commit(), "gpu": args.gpu}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"config": config, "supernodes": supernodes, **made,
-                                                       "rows": rows}, indent=1) + "\n")
-    (args.out / "table.md").write_text(table(rows, config, supernodes, made))
+                                                       "seeds": seeds, "rows": rows}, indent=1) + "\n")
+    text = seed_table(rows, config, supernodes, made, seeds) if seeds else table(rows, config, supernodes, made)
+    (args.out / "table.md").write_text(text)
     return 0
 
 

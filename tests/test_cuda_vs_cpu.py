@@ -29,3 +29,17 @@ def test_each_method_runs_on_the_cpu_and_the_table_gives_the_difference(tmp_path
     text = (tmp_path / "out" / "table.md").read_text()
     assert f"| fedavg | ok | 50.00 | {100 * fedavg['cpu_acc']:.2f} | {100 * (0.5 - fedavg['cpu_acc']):+.2f} |" in text
     assert "| local | FAIL(rc=1) | - |" in text and "a test GPU" in text
+
+
+def test_with_seeds_each_cuda_run_stands_beside_the_cpus_spread(tmp_path):
+    kit = tmp_path / "methods.txt"
+    kit.write_text(KIT)
+    assert main([str(kit), "--out", str(tmp_path / "out"), "--methods", "fedavg", "--seeds", "0,1"]) == 0
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    (row,) = result["rows"]
+    a, b = row["cpu_seeds"]
+    assert result["seeds"] == [0, 1] and a != b  # the seed draws the split: two different runs
+    text = (tmp_path / "out" / "table.md").read_text()
+    mean, std = 50 * (a + b), 100 * abs(a - b) / 2 ** 0.5  # the sample std of two values
+    within = "yes" if min(a, b) <= 0.5 <= max(a, b) else "no"
+    assert f"| fedavg | 50.00 | {100 * a:.2f} | {100 * b:.2f} | {mean:.2f} ± {std:.2f} | {within} |" in text
