@@ -20,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shlex
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from runner.flower_cli import parse_overrides
 
 LINE = re.compile(r"^(?P<method>[\w+.-]+)\s+(?P<status>\S+)\s+(?:acc (?P<acc>[\d.]+|-)\s+client-mean (?P<mean>[\d.]+|-)"
                   r".*?dropped (?P<dropped>\d+|-))?")
@@ -39,8 +40,7 @@ def parse(text: str) -> tuple[dict, int, list[dict]]:
         line = line.strip()
         head = HEADER.match(line)
         if head:
-            pairs = (item.split("=", 1) for item in shlex.split(head["config"]))
-            config = {k: _value(v) for k, v in pairs if k != "device"}
+            config = {k: v for k, v in parse_overrides(head["config"]).items() if k != "device"}
             supernodes = int(head["supernodes"])
             continue
         match = LINE.match(line)
@@ -51,15 +51,6 @@ def parse(text: str) -> tuple[dict, int, list[dict]]:
     if config is None:
         raise SystemExit("no '# <run config>, N supernodes' header line: is this the GPU kit's methods.txt?")
     return config, supernodes, rows
-
-
-def _value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def cpu_run(config: dict, method: str, supernodes: int, seed: int | None = None) -> dict:
