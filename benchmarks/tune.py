@@ -294,9 +294,8 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
              f"each method's own hyperparameters (at most two, at most {MAX_SETTINGS} settings) chosen on the "
              f"validation split (weighted validation accuracy at its best evaluated round; test accuracy is never "
              f"read; the method's default stays unless a setting beats it by more than {NOISE_SE:g} standard error "
-             f"of the difference over the validation images), seed {spec.get('seeds', [0])[0]}, "
-             f"{tuning_budget(preset)} of the preset's "
-             f"{preset.get('run-config', {}).get('num-server-rounds', '?')} rounds, once per method for the "
+             f"of the difference over the validation images), on one seed and {ROUNDS_FRACTION:g} of the rounds of the "
+             f"preset it was tuned with (each section names them), once per method for the "
              f"`{family(preset.get('run-config', {}))}` family (`{family_file.name}`; every preset of the family "
              "reuses the choice). Rows without a grid have no hyperparameter of their own to tune.", ""]
     untuned = [e.method for e in rows if settings(e.method) and e.method not in records]
@@ -306,8 +305,10 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
         rec = records.get(e.method)
         if rec is None:
             continue
-        where = ("tuned by this command" if e.method in tuned_now else
-                 f"reused: tuned with preset `{rec.get('preset', '?')}` at commit {rec.get('commit', '?') or '?'}")
+        budget = f"seed {rec.get('seed', '?')}, {rec.get('rounds', '?')} of {rec.get('of-rounds', '?')} rounds"
+        where = (f"tuned by this command ({budget})" if e.method in tuned_now else
+                 f"reused: tuned with preset `{rec.get('preset', '?')}` at commit {rec.get('commit', '?') or '?'} "
+                 f"({budget})")
         n = f" of {rec['val-samples']} validation images" if rec.get("val-samples") else ""
         lines += [f"## {e.method}", "", f"{where}; chosen{n}: `{json.dumps(rec['chosen'])}`", "",
                   "| setting | validation accuracy (%) | best round | |", "|---|---|---|---|"]

@@ -205,7 +205,7 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     assert rows["fedprox"]["fedprox.mu"] == [0.01, 5.0][best] and rows["fedprox-wd"]["fedprox.mu"] == [0.01, 5.0][best]
     assert "fedprox.mu" not in rows["fedavg"]
     report = (tmp_path / "out" / "tuning.md").read_text()
-    assert "## fedprox" in report and "tuned by this command" in report and "chosen" in report
+    assert "## fedprox" in report and "tuned by this command (seed 3, 1 of 2 rounds)" in report and "chosen" in report
     assert "Not tuned yet" not in report
     assert f"{100 * vals[0]:.2f}" in report and "**weight-decay** differs between rows" in report
     assert (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
@@ -213,7 +213,9 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").unlink()
     assert tune.main([str(path)]) == 0
     assert not (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
-    assert "reused: tuned with preset `tiny`" in (tmp_path / "out" / "tuning.md").read_text()
+    # a reused choice names the budget it was made with (seed 3, 1 of 2 rounds), not the reading preset's
+    assert "reused: tuned with preset `tiny` at commit" in (tmp_path / "out" / "tuning.md").read_text()
+    assert "(seed 3, 1 of 2 rounds)" in (tmp_path / "out" / "tuning.md").read_text()
     assert path.read_text().count("tuned =") == 1
 
 
