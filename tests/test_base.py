@@ -232,12 +232,15 @@ def test_epochs_budget_equals_the_old_epoch_loop():
     assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
-def test_plain_sgd_fast_path_takes_torch_optims_steps_exactly():
-    """train_loop steps a plain SGD itself (one foreach op, no torch.optim wrapper): the same parameters, bit for
-    bit, as torch.optim's step; an SGD with momentum, weight decay or hooks keeps torch.optim's own step."""
-    from clients.training import plain_sgd_groups, train_loop
+@pytest.mark.parametrize("sgd", [{}, {"weight_decay": 0.01}, {"momentum": 0.9}, {"momentum": 0.5, "weight_decay": 0.001}],
+                         ids=["plain", "weight-decay", "momentum", "momentum+weight-decay"])
+def test_sgd_fast_path_takes_torch_optims_steps_exactly(sgd):
+    """train_loop steps an SGD itself (foreach ops, no torch.optim wrapper): the same parameters and momentum
+    buffers, bit for bit, as torch.optim's own step (which any hook brings back), over several epochs and two
+    parameter groups with their own learning rates."""
+    from clients.training import sgd_groups, train_loop
 
-    def trained(hook: bool, **sgd):
+    def trained(hook: bool):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
         head, body = list(model[2].parameters()), list(model[0].parameters())
@@ -245,16 +248,28 @@ def test_plain_sgd_fast_path_takes_torch_optims_steps_exactly():
         if hook:  # any hook sends the step back to torch.optim
             for opt in opts:
                 opt.register_step_pre_hook(lambda *a: None)
-        assert (plain_sgd_groups(opts[0]) is None) == (hook or bool(sgd))
+        assert (sgd_groups(opts[0]) is None) == hook
         x, y = torch.randn(37, 6, generator=torch.Generator().manual_seed(1)), torch.arange(37) % 3
         train_loop(model, x, y, batch_size=5, optimizer=opts, generator=torch.Generator().manual_seed(2), epochs=3)
-        assert all(p.grad is None for p in model.parameters()) or hook or sgd
-        return [p.detach().clone() for p in model.parameters()]
+        assert all(p.grad is None for p in model.parameters()) or hook
+        bufs = [opt.state[p].get("momentum_buffer") for opt in opts for p in opt.param_groups[0]["params"]]
+        return [p.detach().clone() for p in model.parameters()], bufs
 
-    fast, reference = trained(False), trained(True)
+    (fast, fast_bufs), (reference, ref_bufs) = trained(False), trained(True)
     assert all(torch.equal(a, b) for a, b in zip(fast, reference))
-    assert not all(torch.equal(a, b) for a, b in zip(trained(False, momentum=0.9), reference))
-    assert plain_sgd_groups(torch.optim.Adam(torch.nn.Linear(2, 2).parameters())) is None
+    assert [b is None for b in fast_bufs] == [b is None for b in ref_bufs] == [not sgd.get("momentum")] * 4
+    assert all(a is None or torch.equal(a, b) for a, b in zip(fast_bufs, ref_bufs))
+
+
+def test_sgd_fast_path_leaves_other_steps_to_torch_optim():
+    """Nesterov, dampening, maximize and every other optimiser keep torch.optim's own step."""
+    from clients.training import sgd_groups
+
+    params = list(torch.nn.Linear(2, 2).parameters())
+    assert sgd_groups(torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)) is not None
+    for other in ({"momentum": 0.9, "nesterov": True}, {"momentum": 0.9, "dampening": 0.1}, {"maximize": True}):
+        assert sgd_groups(torch.optim.SGD(params, lr=0.1, **other)) is None, other
+    assert sgd_groups(torch.optim.Adam(params)) is None
 
 
 # ------------------------------------------------------------------ 6. seeds and order
