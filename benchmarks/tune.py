@@ -281,6 +281,23 @@ def unequal_keys(preset: dict) -> dict[str, dict]:
     return out
 
 
+def overrides(preset: dict) -> list[tuple[str, str, object, object]]:
+    """(row, key, the row's value, the family's choice) for every tuned key a row sets itself, away from the choice:
+    a variant that studies the method's own options (an ablation, the paper's variant) does so on purpose; a row
+    labelled as its method never should, since then the protocol's choice is not what runs."""
+    from runner.compare import entries
+
+    chosen = preset.get("tuned-config", {})
+    out = []
+    for e in entries(preset):
+        if e.runs_of is not None:
+            continue
+        for key in tuned_keys(e.method):
+            if key in e.config and key in chosen.get(e.method, {}) and e.config[key] != chosen[e.method][key]:
+                out.append((e.label, key, e.config[key], chosen[e.method][key]))
+    return out
+
+
 # ---------------------------------------------------------------------- the report
 def _pct(x) -> str:
     return "failed" if x is None else f"{100 * x:.2f}"
@@ -329,6 +346,12 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
     lines += [f"- {k} differs between rows, as the preset declares: {why}" for k, why in declared.items()]
     if not unequal and not declared:
         lines.append("Every common key is equal for every row.")
+    own = overrides(preset)
+    if own:
+        lines += ["", "## Rows that set a tuned key themselves", "",
+                  "These rows run their own value instead of the family's choice (variants that study the method's own "
+                  "options).", "", "| row | key | the row's value | the family's choice |", "|---|---|---|---|"]
+        lines += [f"| {label} | {key} | {value} | {choice} |" for label, key, value, choice in own]
     return "\n".join(lines) + "\n"
 
 

@@ -255,3 +255,15 @@ def test_a_family_choice_equal_to_the_default_leaves_the_rows_run_config_unchang
             checked += 1
     fig5 = preset.name.startswith("fedfcd-fig5-mnist5k")
     assert checked == 4 or not fig5  # every row of the Fig. 5 presets is at its default
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in (ROOT / "conf").glob("*.toml") if "\ntuned = " in p.read_text()),
+                         ids=lambda p: p.name)
+def test_no_row_labelled_as_its_method_overrides_the_familys_choice(preset):
+    """A row named after its method runs the protocol's choice: a preset value for a tuned key would bypass it (the
+    Synthetic N = 20 preset ran Per-FedAvg at alpha 0.02 and pFedMe at lambda 20 beside a family choice of 0.01 and
+    15). Variants that study a method's own options may, and tuning.md lists them."""
+    from runner.compare import load_preset
+
+    own = tune.overrides(load_preset(preset))
+    assert not [o for o in own if o[0] in tuning_grid.GRIDS], own
