@@ -79,11 +79,11 @@ def sgd_groups(opt: torch.optim.Optimizer) -> list[dict] | None:
 
 
 @torch.no_grad()
-def _sgd_step(opt: torch.optim.SGD, groups: list[dict]) -> None:
+def _sgd_step(opt: torch.optim.SGD) -> None:
     """torch.optim.SGD's step for every parameter with a gradient, op for op: g = grad + weight_decay * p; with
     momentum, buf = g on the first step, else buf = momentum * buf + g (kept in ``opt.state`` as torch keeps it),
     and g = buf; then p -= lr * g and the gradient is dropped (zero_grad(set_to_none))."""
-    for group in groups:
+    for group in opt.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             continue
@@ -146,12 +146,12 @@ def train_loop(
     if full_batches and steps is None:
         raise ValueError("full_batches needs a step budget (steps=)")
     batches = (full_batch_stream if full_batches else batch_stream)(n, batch_size, generator, x.device)
-    fast = [sgd_groups(opt) for opt in optimizers]
+    fast = [sgd_groups(opt) is not None for opt in optimizers]
     # _sgd_step drops the gradients it used, so a fast optimiser needs zero_grad only before the first step, or after
     # an after_step that may have left gradients of its own (zero_grad's profiler range is a tenth of a small step)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    zeroed = [opt for opt, groups in zip(optimizers, fast) if groups is None or after_step is not None]
+    zeroed = [opt for opt, own in zip(optimizers, fast) if not own or after_step is not None]
     for step in range(total_steps):
         idx = next(batches)
         if step:
@@ -159,11 +159,11 @@ def train_loop(
                 opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, x[idx] if augment is None else augment(x[idx]), y[idx])
         loss.backward()
-        for opt, groups in zip(optimizers, fast):
-            if groups is None:
-                opt.step()
+        for opt, own in zip(optimizers, fast):
+            if own:
+                _sgd_step(opt)
             else:
-                _sgd_step(opt, groups)
+                opt.step()
         total += loss.detach()
         if after_step is not None:
             after_step(step, loss.detach(), idx)
