@@ -64,11 +64,12 @@ test-gpu: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m server_app.compare $(PRESET)
 
-# one paper preset by name (conf/<P>.toml), reusing the runs it already finished: make paper P=fedsac-mnist5k-iid
+# one paper preset by name (conf/<P>.toml), reusing the runs it already finished and continuing the ones cut off
+# from their checkpoints: make paper P=fedsac-mnist5k-iid
 .PHONY: paper tune tables
 paper: $(STAMP)
 	@test -n "$(P)" || (echo "usage: make paper P=<preset>, one of:"; ls conf | sed -n 's/\.toml$$//p'; exit 2)
-	$(BIN)/python -m server_app.compare conf/$(P).toml --reuse
+	$(BIN)/python -m server_app.compare conf/$(P).toml --resume
 
 # the tuning protocol (issue #45): each method's own hyperparameters chosen on validation, once per data family
 tune: $(STAMP)

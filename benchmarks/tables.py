@@ -4,8 +4,9 @@ tables in README.md and docs/ (``make readme``).
 A preset is a conf/**/*.toml whose ``[compare].output`` lies under docs/results. Presets on data this machine cannot
 load (CIFAR, FEMNIST, ... need a download; Fashion-MNIST needs ``make data``) are listed as skipped, with the reason;
 ``--list`` also says which tables were never run. Runs that
-finished earlier with the same config are reused (``--reuse``), so a rebuild cut off part way goes on where it
-stopped (only while their source hash and config still match). From a clean tree only (``--allow-dirty`` to
+finished earlier with the same config are reused (``--reuse``) and a comparison's runs cut off part way continue
+from their checkpoints (``--resume``), so a rebuild cut off part way goes on where it stopped (only while their
+source hash and config still match). From a clean tree only (``--allow-dirty`` to
 try things). The other tables in docs/results come from their own benchmarks (``make bench-server``, ``make bench-sim``,
 ``make bench-deploy``, ``python -m benchmarks.reliability``), named in ``BENCHMARKS`` and run with ``--benchmarks``.
 
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     total, done, t0 = sum(p.runs for p in ready), 0, time.time()
     for i, p in enumerate(ready, 1):
         print(f"== {p.name} (preset {i}/{len(ready)}; runs {done}/{total} before it)", flush=True)
-        rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), "--reuse",
+        go_on = "--resume" if p.builder == "server_app.compare" else "--reuse"  # resume: cut-off runs continue
+        rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), go_on,
                              *(["--allow-dirty"] if args.allow_dirty else [])],
                             cwd=ROOT, env={**os.environ, **study_env(done, total, t0)}).returncode
         done += p.runs

@@ -15,6 +15,10 @@ budget, for each seed. Output in the preset's ``output`` folder:
 
     python -m server_app.compare conf/mnist5k-pathological.toml [--methods local,fedavg] [--seeds 0,1] [--reuse]
 
+``--resume`` does what ``--reuse`` does and continues each run that was cut off (its folder holds checkpoints
+and its start record, ``<run-name>.started.json``, this source hash and config) from its last checkpoint; a
+resumed run repeats the uninterrupted one bit for bit, and its provenance names the commit that began it.
+
 A table under docs/ is made from committed code only (``--allow-dirty`` to try things; the table then says so in
 bold). Each run folder records its commit, a hash of the source packages and its resolved config
 (``runner.provenance``); ``--reuse`` keeps a completed run in ``runs/`` only while both still match, and says
@@ -149,18 +153,27 @@ def run_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
             "results-dir": str(out / "runs"), "run-name": f"{entry.label}-s{seed}", "tracker-group": out.name}
 
 
-def job_config(preset: dict, entry: Entry, seed: int, out: Path) -> dict:
+def job_config(preset: dict, entry: Entry, seed: int, out: Path, resume: bool = False) -> dict:
     """What a job runs: its run config, replacing whatever its folder holds (a cut-off or older run of
-    the comparison; ``--reuse`` has already kept the finished ones that match)."""
-    return {**run_config(preset, entry, seed, out), "overwrite": True}
+    the comparison; ``--reuse`` has already kept the finished ones that match), or with ``resume``
+    continuing the cut-off run there from its last checkpoint."""
+    return {**run_config(preset, entry, seed, out), **({"resume": True} if resume else {"overwrite": True})}
 
 
-def _run_inprocess(config: dict, supernodes: int) -> dict:
-    """One in-process run in a worker process with one torch thread (what ``jobs`` parallelises)."""
+def _run_folder(config: dict) -> Path:
+    return Path(config["results-dir"]) / config["run-name"]
+
+
+def _run_inprocess(config: dict, supernodes: int, code: dict | None = None) -> dict:
+    """One in-process run in a worker process with one torch thread (what ``jobs`` parallelises). With the
+    comparison's ``code`` stamp, a fresh run first leaves its start record (``provenance.mark_started``)."""
     import torch
 
     torch.set_num_threads(1)
     from runner.inprocess import run_inprocess
+
+    if code is not None and not config.get("resume"):
+        provenance.mark_started(_run_folder(config), code, config)
 
     try:
         summary, _ = run_inprocess(config, supernodes)
@@ -204,9 +217,28 @@ def _reuse(preset: dict, jobs: list, out: Path, code: dict, results: dict, commi
     return left
 
 
+def _resumable(preset: dict, jobs: list, out: Path, code: dict) -> set:
+    """The (label, seed) jobs whose cut-off run may continue from its checkpoint (``provenance.resumable``: begun
+    under this source and config); says which, from which round, and why the others start over."""
+    resumed, fresh = {}, {}
+    for entry, seed in jobs:
+        config = run_config(preset, entry, seed, out)
+        at, why = provenance.resumable(_run_folder(config), config, code)
+        if at is None:
+            fresh[why] = fresh.get(why, 0) + 1
+            continue
+        provenance.note_resumed(_run_folder(config), at)
+        resumed[(entry.label, seed)] = f"{entry.label}-s{seed} at round {at}"
+    again = "; ".join(f"{n} start over: {why}" for why, n in sorted(fresh.items()))
+    print(f"resume: {len(resumed)} of {len(jobs)} runs left continue from their checkpoints"
+          + (f" ({', '.join(resumed.values())})" if resumed else "") + (f"; {again}" if again else ""), flush=True)
+    return set(resumed)
+
+
 def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds: list[int] | None = None,
-            reuse: bool = False, table_only: bool = False, allow_dirty: bool = False) -> Path:
-    """Run the preset's (label, seed) jobs and write the table. ``reuse`` keeps finished runs;
+            reuse: bool = False, table_only: bool = False, allow_dirty: bool = False, resume: bool = False) -> Path:
+    """Run the preset's (label, seed) jobs and write the table. ``reuse`` keeps finished runs; ``resume`` also
+    continues the cut-off ones from their checkpoints where they began under the same source and config;
     ``table_only`` runs nothing and tables the finished runs there are (rows name their seed count).
     A table under docs/ needs a clean tree unless ``allow_dirty`` (``provenance.guard``)."""
     spec = preset["compare"]
@@ -220,8 +252,9 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     planned = len(jobs)
     results: dict[str, list[dict]] = {e.label: [] for e in rows_of}
     commits: dict[str, list[str]] = {}  # commit -> the runs ("label-s<seed>") made there
-    if reuse or table_only:
+    if reuse or table_only or resume:
         jobs = _reuse(preset, jobs, out, code, results, commits)
+    resumed = _resumable(preset, jobs, out, code) if resume and not table_only else set()
     failures = []
     if table_only:
         failures += [f"{entry.label} seed {seed}: not run" for entry, seed in jobs]
@@ -255,10 +288,11 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         from runner.inprocess import pool_context
 
-        devices = [job_config(preset, e, s, out).get("device", "auto") for e, s in jobs]
-        with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context(*devices)) as pool:
+        configs = [job_config(preset, e, s, out, resume=(e.label, s) in resumed) for e, s in jobs]
+        context = pool_context(*(c.get("device", "auto") for c in configs))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             t0 = time.monotonic()
-            futures = [pool.submit(_run_inprocess, job_config(preset, e, s, out), supernodes) for e, s in jobs]
+            futures = [pool.submit(_run_inprocess, config, supernodes, code) for config in configs]
             print(f"{len(jobs)} in-process runs on {workers} worker(s) ...", flush=True)
             for i, ((entry, seed), future) in enumerate(zip(jobs, futures), 1):
                 record(i, entry, seed, future.result(), time.monotonic() - t0)
@@ -266,7 +300,10 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
         for i, (entry, seed) in enumerate(jobs, 1):
             print(f"[{i}/{len(jobs)}] {entry.label} seed {seed} ...", flush=True)
             t0 = time.monotonic()
-            result = simulate(job_config(preset, entry, seed, out), supernodes=supernodes, app_dir=app_dir,
+            config = job_config(preset, entry, seed, out, resume=(entry.label, seed) in resumed)
+            if not config.get("resume"):
+                provenance.mark_started(_run_folder(config), code, config)
+            result = simulate(config, supernodes=supernodes, app_dir=app_dir,
                               cpus_per_client=spec.get("cpus-per-client", 1),
                               gpus_per_client=spec.get("gpus-per-client"), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
@@ -663,6 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", type=Path, default=Path("."))
     parser.add_argument("--reuse", action="store_true",
                         help="keep completed runs whose saved config matches instead of running them again")
+    parser.add_argument("--resume", action="store_true",
+                        help="as --reuse, and continue each run cut off under the same source and config from its "
+                             "last checkpoint instead of starting it over")
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: table the completed runs there are, with each row's number of seeds")
     parser.add_argument("--allow-dirty", action="store_true",
@@ -682,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse, table_only=args.table_only,
-                  allow_dirty=args.allow_dirty)
+            allow_dirty=args.allow_dirty, resume=args.resume)
     return 0
 
 

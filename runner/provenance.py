@@ -3,6 +3,9 @@
 A table in docs/ is made from committed code only (``guard``); each run folder records what made it
 (``provenance.json``: commit, source hash, resolved config), and ``--reuse`` keeps a run only while its
 source hash and config still match (``reusable``), so one table cannot mix code versions without saying so.
+A job also leaves a start record beside its folder (``<run-name>.started.json``) until it completes, so that a
+run cut off by the end of a session continues from its checkpoint only under the code and config that began it
+(``resumable``; ``server_app.compare --resume``).
 """
 
 from __future__ import annotations
@@ -104,19 +107,74 @@ def stamp(root: Path | None = None) -> dict:
 
 
 def record(folder: Path, code: dict, config: dict) -> None:
-    """Write ``folder``/provenance.json: the code stamp and the run's resolved config (its config.json)."""
+    """Write ``folder``/provenance.json: the code stamp and the run's resolved config (its config.json). A run
+    resumed from a checkpoint also names the commit that began it and the round it went on from; its start
+    record is then no longer needed."""
     try:
         resolved = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         resolved = config
-    (Path(folder) / RECORD).write_text(json.dumps({**code, "config": resolved}, indent=2, sort_keys=True))
+    entry = {**code, "config": resolved}
+    start = _read_json(started_path(folder))
+    if start is not None and start.get("resumed_from_round") is not None:
+        entry["resumed"] = {"began_at_commit": start.get("commit"), "from_round": start.get("resumed_from_round")}
+    (Path(folder) / RECORD).write_text(json.dumps(entry, indent=2, sort_keys=True))
+    started_path(folder).unlink(missing_ok=True)
+
+
+def started_path(folder: Path) -> Path:
+    """The start record of the run in ``folder``: beside it, since a fresh run empties its folder."""
+    folder = Path(folder)
+    return folder.parent / f"{folder.name}.started.json"
+
+
+def mark_started(folder: Path, code: dict, config: dict) -> None:
+    """A fresh job begins in ``folder``: drop checkpoints a run before it left there (so none can be resumed
+    under this record) and record the code and config it starts with."""
+    import shutil
+
+    from server_app import checkpoints
+
+    shutil.rmtree(Path(folder) / checkpoints.FOLDER, ignore_errors=True)
+    started_path(folder).parent.mkdir(parents=True, exist_ok=True)
+    started_path(folder).write_text(json.dumps({**code, "config": config}, indent=2, sort_keys=True))
+
+
+def resumable(folder: Path, config: dict, code: dict) -> tuple[int | None, str]:
+    """The checkpoint round a cut-off run may continue from, or None and why not: its start record must carry
+    ``code``'s source hash and ``config``'s every key (as ``reusable``), and the folder a checkpoint."""
+    from server_app import checkpoints
+
+    start = _read_json(started_path(folder))
+    if start is None:
+        return None, "no start record"
+    if start.get("source_hash") != code["source_hash"]:
+        return None, "source changed"
+    saved = start.get("config", {})
+    if any(saved.get(k) != v for k, v in config.items() if k not in ("results-dir", "overwrite", "resume")
+           and not k.startswith("tracker")):
+        return None, "config changed"
+    rounds = sorted((Path(folder) / checkpoints.FOLDER).glob("round-*.ckpt"))
+    if not rounds:
+        return None, "no checkpoint"
+    return int(rounds[-1].stem.split("-")[1]), ""
+
+
+def note_resumed(folder: Path, from_round: int) -> None:
+    """Add to the start record the checkpoint round a resumption goes on from (``record`` reports it)."""
+    start = _read_json(started_path(folder)) or {}
+    started_path(folder).write_text(json.dumps({**start, "resumed_from_round": from_round}, indent=2, sort_keys=True))
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def read(folder: Path) -> dict | None:
-    try:
-        return json.loads((Path(folder) / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
+    return _read_json(Path(folder) / RECORD)
 
 
 def reusable(folder: Path, config: dict, code: dict) -> tuple[bool, str]:

@@ -109,6 +109,66 @@ def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monk
     assert "1 not kept: config changed" in capsys.readouterr().out
 
 
+class _Crash(Exception):
+    """Stands for the session ending in the middle of a run."""
+
+
+def _cut_off_in_round_2(preset: dict, out: Path, code: dict) -> None:
+    """Begin fedavg seed 0 of ``preset`` as its comparison job does (start record, then the run) and stop it
+    in round 2, after round 1's checkpoint."""
+    from clients.app import app as client_app
+    from fedcore.config import Config
+    from runner.compare import entries, job_config
+    from runner.inprocess import InProcessGrid
+    from server_app.app import run_experiment
+
+    config = job_config(preset, entries(preset)[0], 0, out)
+    provenance.mark_started(Path(config["results-dir"]) / config["run-name"], code, config)
+
+    def crash(msg, reply):
+        if msg.metadata.group_id == "2":
+            raise _Crash()
+        return reply
+
+    with pytest.raises(_Crash):
+        run_experiment(InProcessGrid(client_app, 3, config, faults=crash), Config.from_run_config(config))
+
+
+def _untimed_rounds(folder: Path) -> list[dict]:
+    import csv
+
+    with open(folder / "rounds.csv") as f:
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "eval_s", "startup_s")} for r in csv.DictReader(f)]
+
+
+def test_resume_continues_a_cut_off_run_only_under_the_code_that_began_it(tmp_path, monkeypatch, capsys):
+    """``--resume``: a comparison run cut off mid-way continues from its checkpoint to the uninterrupted
+    result and its record names where it went on from; begun under other source code, it starts over."""
+    from runner.compare import run_all
+
+    whole = run_all(_preset(tmp_path / "whole", ("fedavg",), (0,)), ROOT) / "runs" / "fedavg-s0"
+    out = tmp_path / "cut"
+    _cut_off_in_round_2(_preset(out, ("fedavg",), (0,)), out, provenance.stamp())
+    run = out / "runs" / "fedavg-s0"
+    assert provenance.started_path(run).exists() and not (run / "summary.json").exists()
+    capsys.readouterr()
+    run_all(_preset(out, ("fedavg",), (0,)), ROOT, resume=True)
+    said = capsys.readouterr().out
+    assert "resume: 1 of 1 runs left continue from their checkpoints (fedavg-s0 at round 1)" in said
+    assert _untimed_rounds(run) == _untimed_rounds(whole)
+    record = provenance.read(run)
+    assert record["resumed"] == {"began_at_commit": provenance.commit(), "from_round": 1}
+    assert not provenance.started_path(run).exists()  # the record supersedes it
+
+    other = tmp_path / "other"
+    _cut_off_in_round_2(_preset(other, ("fedavg",), (0,)), other, {**provenance.stamp(), "source_hash": "edited"})
+    capsys.readouterr()
+    run_all(_preset(other, ("fedavg",), (0,)), ROOT, resume=True)
+    assert "resume: 0 of 1 runs left continue from their checkpoints; 1 start over: source changed" in capsys.readouterr().out
+    assert _untimed_rounds(other / "runs" / "fedavg-s0") == _untimed_rounds(whole)
+    assert "resumed" not in provenance.read(other / "runs" / "fedavg-s0")
+
+
 def _recomputed_table(folder: Path) -> str:
     from runner.compare import _footer_failures, entries, render_table, table_rows
 
