@@ -10,7 +10,11 @@ seed, and for every round reads back the recorded p, S, C and W (round_matrices/
   (``quad_form(x, I) + (alpha c + beta s - 2 p) @ x`` with s = -S) from the same p, S, C: zero means
   the collapse comes from the equations and their inputs, not from our solver.
 
-Writes a Markdown table to stdout (and the runs under ``results/fedsac-self-weight``).
+Writes ``<out>/table.md`` (the full command and the commit that made it on its first line; a table under docs/
+only from committed code, ``runner.provenance.guard``), the per-round plots ``metrics-<method>.png`` and
+``graph-<method>.png`` beside it, and the runs under ``<out>/runs``:
+
+    python -m benchmarks.fedsac_self_weight --rounds 20 --out docs/results/fedsac-self-weight
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,16 +73,21 @@ def analyse(folder: Path, method: str, alpha_of, beta: float, sizes: np.ndarray)
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--out", default="results/fedsac-self-weight")
+    parser.add_argument("--out", type=Path, default=Path("results/fedsac-self-weight"))
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a docs/ table from uncommitted code (the table then says so in bold)")
     args = parser.parse_args(argv)
+    from runner import provenance
     from runner.inprocess import run_inprocess
 
     from fedcore.config import Config
     from fedstrategies.fedsac_math import alpha_at
 
-    table = []
+    dirty = provenance.guard(args.out, args.allow_dirty)
+    code = provenance.stamp()
+    table, finals = [], []
     for method in ("fedsac", "pfedgraph"):
-        config = {**BASE, "method": method, "num-server-rounds": args.rounds, "results-dir": args.out,
+        config = {**BASE, "method": method, "num-server-rounds": args.rounds, "results-dir": str(args.out / "runs"),
                   "run-name": method}
         summary, _ = run_inprocess(config, 10)
         folder = Path(summary["results_dir"])
@@ -90,11 +100,20 @@ def main(argv=None) -> None:
             alpha_of, beta = (lambda r: 0.0), 1.0 / hp["alpha"]
         # p_j is n_j of the reply: the client's training split (label_counts.csv's num_train)
         table += analyse(folder, method, alpha_of, beta, np.array([sizes[i] for i in range(10)], float))
-        print(f"{method}: final acc {summary['final_acc']:.4f}", flush=True)
+        finals.append(f"{method} {100 * summary['final_acc']:.2f}%")
+        for plot, name in (("metrics.png", "metrics"), ("graph.png", "graph")):
+            if (folder / "round_matrices" / plot).exists():
+                shutil.copyfile(folder / "round_matrices" / plot, args.out / f"{name}-{method}.png")
     keys = list(table[0])
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for row in table:
-        print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
+    lines = [f"Made by `{provenance.command_line('benchmarks.fedsac_self_weight', argv)}` at commit `{code['commit']}`"
+             f" (source hash `{code['source_hash']}`)."
+             + (" **Made from uncommitted code: not a result.**" if dirty else ""),
+             f"Final weighted accuracy after {args.rounds} rounds: {', '.join(finals)} (one seed, not a comparison).",
+             "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |"
+              for row in table]
+    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
