@@ -38,6 +38,8 @@ BENCHMARKS = {
     "sim-speed": ["-m", "benchmarks.sim_speed", "--methods", "fedavg,fedproto,ditto", "--clients", "20", "--rounds",
                   "50", "--out", "docs/results/sim-speed"],
     "deployed-round": ["-m", "benchmarks.deployed_round", "--supernodes", "2,4", "--out", "docs/results/deployed-round"],
+    "fedsac-self-weight": ["-m", "benchmarks.fedsac_self_weight", "--rounds", "20", "--out",
+                           "docs/results/fedsac-self-weight"],
 }
 
 # presets whose folder holds more than the comparison writes (a grid's ranking, a traffic table): the module that
