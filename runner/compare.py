@@ -219,7 +219,8 @@ def _reuse(preset: dict, jobs: list, out: Path, code: dict, results: dict, commi
 
 def _resumable(preset: dict, jobs: list, out: Path, code: dict) -> set:
     """The (label, seed) jobs whose cut-off run may continue from its checkpoint (``provenance.resumable``: begun
-    under this source and config); says which, from which round, and why the others start over."""
+    under this source and config), each one's round noted in its start record; says which, from which round, and
+    why the others start over."""
     resumed, fresh = {}, {}
     for entry, seed in jobs:
         config = run_config(preset, entry, seed, out)
@@ -230,8 +231,9 @@ def _resumable(preset: dict, jobs: list, out: Path, code: dict) -> set:
         provenance.note_resumed(_run_folder(config), at)
         resumed[(entry.label, seed)] = f"{entry.label}-s{seed} at round {at}"
     again = "; ".join(f"{n} start over: {why}" for why, n in sorted(fresh.items()))
-    print(f"resume: {len(resumed)} of {len(jobs)} runs left continue from their checkpoints"
-          + (f" ({', '.join(resumed.values())})" if resumed else "") + (f"; {again}" if again else ""), flush=True)
+    if jobs:
+            print(f"resume: {len(resumed)} of {len(jobs)} runs left continue from their checkpoints"
+              + (f" ({', '.join(resumed.values())})" if resumed else "") + (f"; {again}" if again else ""), flush=True)
     return set(resumed)
 
 

@@ -150,9 +150,7 @@ def resumable(folder: Path, config: dict, code: dict) -> tuple[int | None, str]:
         return None, "no start record"
     if start.get("source_hash") != code["source_hash"]:
         return None, "source changed"
-    saved = start.get("config", {})
-    if any(saved.get(k) != v for k, v in config.items() if k not in ("results-dir", "overwrite", "resume")
-           and not k.startswith("tracker")):
+    if _config_differs(start.get("config", {}), config):
         return None, "config changed"
     rounds = sorted((Path(folder) / checkpoints.FOLDER).glob("round-*.ckpt"))
     if not rounds:
@@ -177,6 +175,13 @@ def read(folder: Path) -> dict | None:
     return _read_json(Path(folder) / RECORD)
 
 
+def _config_differs(saved: dict, config: dict) -> bool:
+    """Whether a recorded config differs from ``config`` in any key of ``config`` that decides the numbers (not
+    where the run's folder goes, how it starts, or where it is tracked)."""
+    return any(saved.get(k) != v for k, v in config.items()
+               if k not in ("results-dir", "overwrite", "resume") and not k.startswith("tracker"))
+
+
 def reusable(folder: Path, config: dict, code: dict) -> tuple[bool, str]:
     """Whether a finished run may be kept: its provenance exists, its source hash is ``code``'s and its
     resolved config holds every key of ``config`` with the same value. Returns (keep, reason if not)."""
@@ -185,8 +190,7 @@ def reusable(folder: Path, config: dict, code: dict) -> tuple[bool, str]:
         return False, "no provenance record"
     if saved.get("source_hash") != code["source_hash"]:
         return False, "source changed"
-    resolved = saved.get("config", {})
-    if any(resolved.get(k) != v for k, v in config.items() if k not in ("results-dir", "overwrite") and not k.startswith("tracker")):
+    if _config_differs(saved.get("config", {}), config):
         return False, "config changed"
     return True, ""
 
