@@ -63,19 +63,19 @@ def crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torc
     return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (B, H, W, C) -> (B, C, H, W)
 
 
-def sgd_groups(opt: torch.optim.Optimizer) -> list[dict] | None:
-    """The parameter groups of a ``torch.optim.SGD`` whose step ``_sgd_step`` takes exactly (weight decay and heavy-ball
-    momentum allowed; no nesterov, dampening, maximize, differentiable or fused step, no hooks); None for any other
-    optimiser. ``train_loop`` takes such a step with foreach ops: torch.optim's per-step wrapper (profiler ranges,
-    grad mode, hooks), its per-tensor loop and zero_grad cost a third of a step of a small model at batch 10
-    (cProfile, FedFCD's MLP on Fashion-MNIST) and half of one of the Synthetic DNN at batch 20 with weight decay."""
+def fast_sgd(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` is a ``torch.optim.SGD`` whose step ``_sgd_step`` takes exactly (weight decay and heavy-ball
+    momentum allowed; no nesterov, dampening, maximize, differentiable or fused step, no hooks). ``train_loop``
+    takes such a step with foreach ops: torch.optim's per-step wrapper (profiler ranges, grad mode, hooks), its
+    per-tensor loop and zero_grad cost a third of a step of a small model at batch 10 (cProfile, FedFCD's MLP on
+    Fashion-MNIST) and half of one of the Synthetic DNN at batch 20 with weight decay."""
     if type(opt) is not torch.optim.SGD or opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks:
-        return None
+        return False
     for group in opt.param_groups:
         if group["nesterov"] or group["dampening"] or group["maximize"] or group.get("differentiable") \
                 or group.get("fused") or not isinstance(group["lr"], float):
-            return None
-    return opt.param_groups
+            return False
+    return True
 
 
 @torch.no_grad()
@@ -146,7 +146,7 @@ def train_loop(
     if full_batches and steps is None:
         raise ValueError("full_batches needs a step budget (steps=)")
     batches = (full_batch_stream if full_batches else batch_stream)(n, batch_size, generator, x.device)
-    fast = [sgd_groups(opt) is not None for opt in optimizers]
+    fast = [fast_sgd(opt) for opt in optimizers]
     # _sgd_step drops the gradients it used, so a fast optimiser needs zero_grad only before the first step, or after
     # an after_step that may have left gradients of its own (zero_grad's profiler range is a tenth of a small step)
     for opt in optimizers:
