@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
-    from runner.provenance import guard
+    from runner.provenance import guard, made_by
 
     guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only
+    made = made_by("benchmarks.deployed_round", argv)
     fc.exit_on_sigterm()
     engines = [e.strip() for e in args.engines.split(",")]
     work = Path(tempfile.mkdtemp(prefix="pfl-bench-deploy-"))
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   rounds: {[round(t, 2) for t in times]}", flush=True)
         rows.append(row)
     facts = {"cold_clientapp_start_s": cold_clientapp_start_s(), "partition_load_s": partition_load_s("mnist5k", 2),
-             "load_average": os.getloadavg(), "cpus": os.cpu_count(), "rounds": args.rounds}
+             "load_average": os.getloadavg(), "cpus": os.cpu_count(), "rounds": args.rounds, "made": made}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"rows": rows, "facts": facts}, indent=2))
     table = format_table(rows, engines, facts)
@@ -119,7 +120,8 @@ def format_table(rows: list[dict], engines: list[str], facts: dict) -> str:
     head = "| SuperNodes | " + " | ".join(f"{e}: s/round (first)" for e in engines)
     if "simulation" in engines:
         head += " | " + " | ".join(f"{e} / simulation" for e in engines if e != "simulation")
-    lines = [head + " |", "|" + "---|" * (head.count("|"))]
+    lines = [facts["made"], "", head + " |", "|" + "---|" * (head.count("|"))] if facts.get("made") else \
+        [head + " |", "|" + "---|" * (head.count("|"))]
     for row in rows:
         cells = [str(row["supernodes"])]
         cells += [f"{row[e]['round_s']:.2f} ({row[e]['first_round_s']:.1f})" for e in engines]

@@ -164,8 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="")
     parser.add_argument("--resume-methods", default="fedavg,ditto,fedproto")
     parser.add_argument("--out", type=Path, default=Path("docs/results/reliability"))
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
     from fedcore.registry import REGISTRY
+    from runner.provenance import guard, made_by
+
+    guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only
+    made = made_by("benchmarks.reliability", argv)
 
     methods = args.methods.split(",") if args.methods else list(REGISTRY)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, ["method", "exit", "completed", "dropped", "final_acc", "reasons"], extrasaction="ignore")
         w.writeheader()
         w.writerows(faults)
-    lines = ["Faults: 6 clients, digits, 4 rounds, 30% of clients faulty every round (kinds: "
+    lines = [made, "", "Faults: 6 clients, digits, 4 rounds, 30% of clients faulty every round (kinds: "
              f"{FAULT_KINDS}), through `flwr run`.", "",
              "| method | completed | exit | replies dropped | final acc | drop reasons |", "|---|---|---|---|---|---|"]
     for r in faults:

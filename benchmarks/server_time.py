@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import re
 import resource
 import subprocess
@@ -507,13 +506,12 @@ def main(argv: list[str] | None = None) -> int:
     from fedcore.registry import REGISTRY
 
     from runner.compare import _commit
-    from runner.provenance import guard
+    from runner.provenance import benchmark_command, guard
 
     guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only (the parent checks)
 
     methods = args.methods.split(",") if args.methods else list(REGISTRY)
-    threads = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)
-    command = " ".join([threads, "python -m benchmarks.server_time", *(argv if argv is not None else sys.argv[1:])]).strip()
+    command = benchmark_command("benchmarks.server_time", argv)
     extra = json.loads(args.run_config)
     extra["server-device"] = args.device or extra.get("server-device", "cpu")
     run(methods, [int(c) for c in args.clients.split(",")], args.out, extra, args.round,

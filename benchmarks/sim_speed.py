@@ -94,11 +94,11 @@ def _against(sequential: dict, engine: str, figures: dict) -> dict:
             "round_ratio": figures["round_s"] / sequential["round_s"], "run_ratio": figures["run_s"] / sequential["run_s"]}
 
 
-def table(rows: list[dict], setting: str, gpu_note: str) -> str:
+def table(rows: list[dict], setting: str, gpu_note: str, made: str = "") -> str:
     def num(v, fmt="{:.2f}"):
         return "-" if v is None else fmt.format(v)
 
-    lines = [f"Setting: {setting}. Round = median of rounds 2..R; run = command to end, start-up included.", "",
+    lines = [made] * bool(made) + [f"Setting: {setting}. Round = median of rounds 2..R; run = command to end, start-up included.", "",
              "| method | engine | s / round | round ratio | s / run | run ratio | eval share of round | start-up s | round 1 s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -118,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
-    from runner.provenance import guard
+    from runner.provenance import guard, made_by
 
     guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only
+    made = made_by("benchmarks.sim_speed", argv)
     config = {"dataset": "mnist5k", "partition": "pathological", "model": "fedavgcnn", "batch-size": 10,
               "local-epochs": 1, "num-server-rounds": args.rounds, "eval-every": 1, "client-threads": 1}
     gpus = auto_gpu_share(args.clients, 1)
@@ -144,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     setting = (f"mnist5k, pathological, {args.clients} clients, {args.rounds} rounds, fedavgcnn, batch 10, "
                f"1 local epoch, evaluation every round, {os.cpu_count()} cores")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"setting": setting, "rows": rows}, indent=2))
-    (args.out / "table.md").write_text(table(rows, setting, gpu_note))
-    print(table(rows, setting, gpu_note))
+    (args.out / "results.json").write_text(json.dumps({"made": made, "setting": setting, "rows": rows}, indent=2))
+    (args.out / "table.md").write_text(table(rows, setting, gpu_note, made))
+    print(table(rows, setting, gpu_note, made))
     return 0
 
 

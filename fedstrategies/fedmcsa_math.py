@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.special import softmax  # server code only: loaded with the strategy, not inside its first round
 
 EPS = 1e-12  # norm clamp: a zero component has cosine 0 with every other one, itself included
 
@@ -59,8 +60,6 @@ def attention(x: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
 
 def _attention_of_gram(gram: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
     """``attention`` from the rows' float64 Gram matrix."""
-    from scipy.special import softmax  # imported on use: every ClientApp imports this module
-
     norms = np.maximum(np.sqrt(np.maximum(np.diag(gram), 0.0)), eps)
     cos = np.clip(gram / np.outer(norms, norms), -1.0, 1.0)
     return softmax(sigma * cos, axis=1)

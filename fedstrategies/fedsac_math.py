@@ -15,6 +15,7 @@ One round over the participating clients S_t (all arrays are indexed by their po
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import entr  # server code only: loaded with the strategy, not inside its first round
 
 from fedstrategies import server_device
 
@@ -213,8 +214,6 @@ def graph_diagnostics(graph: np.ndarray, p: np.ndarray, similarity: np.ndarray,
     most 2); ``similarity``/``complementarity`` and their ``-std``: mean and spread of the off-diagonal
     S and C (1 and 0 in a round of one client).
     """
-    from scipy.special import entr
-
     off = ~np.eye(len(graph), dtype=bool)
     out = {"self-weight": float(np.diag(graph).mean()), "row-entropy": float(entr(graph).sum(axis=1).mean()),
            "dist-to-p": float(np.abs(graph - p[None, :]).sum(axis=1).mean())}

@@ -75,6 +75,21 @@ def command_line(module: str, argv: list[str] | None) -> str:
     return " ".join(["python", "-m", module, *(shlex.quote(str(a)) for a in args)])
 
 
+def benchmark_command(module: str, argv: list[str] | None) -> str:
+    """A benchmark's full command with the thread settings of the environment, which decide its timings."""
+    import os
+
+    threads = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)
+    return " ".join(part for part in (threads, command_line(module, argv)) if part)
+
+
+def made_by(module: str, argv: list[str] | None, root: Path | None = None) -> str:
+    """A benchmark table's first line: its full command (``benchmark_command``) and the commit, "+changes"
+    where the tree has uncommitted code. Taken when the benchmark starts, before it measures anything."""
+    return (f"Made by `{benchmark_command(module, argv)}` at commit "
+            f"`{commit(root)}{'+changes' if uncommitted(root) else ''}`.")
+
+
 def writes_docs(out: Path, root: Path | None = None) -> bool:
     """Whether ``out`` lies under the repository's docs/."""
     root = root or ROOT

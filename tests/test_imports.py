@@ -3,8 +3,9 @@
 Flower's deployment runtime starts a ClientApp process per message, and every Ray actor of a
 simulation imports the app once: a heavy import paid there is paid on every message or at every
 start-up. Libraries that only the server of one method needs (scikit-learn for MuPFL's k-means,
-scipy for FedMCSA's softmax and FedSaC's principal angles, cvxpy for FedSaC's reference solver)
-are imported where they are used, so a client of any method never loads them. No client module
+scipy for FedMCSA's softmax and FedSaC's graph entropy, cvxpy for FedSaC's reference solver)
+are imported by server code alone (a strategy's module, or the strategy when it is built), so a client of
+any method never loads them and no round pays their import. No client module
 imports server strategy code (``fedstrategies``): message names come from the method's declaration in ``fedcore/methods/``.
 """
 
@@ -90,3 +91,43 @@ def test_server_app_is_the_serverapp_alone_and_its_old_tool_names_still_run_the_
     for tool in server_app.TOOLS:
         origin = Path(importlib.util.find_spec(f"server_app.{tool}").origin)
         assert origin == ROOT / "runner" / f"{tool}.py", tool
+
+
+def test_a_strategy_imports_its_server_libraries_when_built_not_inside_a_round():
+    """A server-only library (scipy for FedMCSA's softmax and FedSaC's graph entropy, scikit-learn for MuPFL's
+    k-means, cvxpy for FedSaC's reference solver) costs 0.1 to 3 s to import: the strategy imports it when it
+    is built, so that no round's time (and no round-1 timing of benchmarks.server_time) pays it."""
+    code = (
+        "import json, sys\n"
+        "import numpy as np\n"
+        "from flwr.app import ArrayRecord, ConfigRecord\n"
+        "from benchmarks import server_time as st\n"
+        "from fedcore.models import model_facts\n"
+        "from fedcore.registry import REGISTRY, get_method\n"
+        "from fedstrategies import server_device\n"
+        "from flwr.supercore.task_identity import TaskIdentity\n"
+        "TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as benchmarks.server_time\n"
+        "late = {}\n"
+        "for name in sorted(REGISTRY):\n"
+        "    cfg = st._config(name, {'server-device': 'cpu'})\n"
+        "    server_device.start('cpu')\n"
+        "    facts = model_facts(cfg['model'], (1, 28, 28), 10, 0)\n"
+        "    s = get_method(name).strategy(cfg, st.fake_clients(6), facts)\n"
+        "    rng = np.random.default_rng(0)\n"
+        "    msgs = s.configure_prepare(None)\n"
+        "    replies = [st.fake_reply(s, m, 'prepare', rng) for m in msgs or []]\n"
+        "    before = set(sys.modules)\n"
+        "    if msgs:\n"
+        "        s.aggregate_prepare_replies(replies)\n"
+        "    for rnd in (1, 2):\n"
+        "        msgs = list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), None))\n"
+        "        replies = [st.fake_reply(s, m, 'train', rng) for m in msgs]\n"
+        "        s.aggregate_train(rnd, replies)\n"
+        "    new = sorted({m.split('.')[0] for m in set(sys.modules) - before} & set(%r))\n"
+        "    if new:\n"
+        "        late[name] = new\n"
+        "print(json.dumps(late))\n"
+    ) % (SERVER_ONLY_LIBRARIES,)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {}

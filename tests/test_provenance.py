@@ -71,6 +71,28 @@ def test_the_recorded_command_is_the_full_command_line():
         "python -m server_app.compare 'conf/a b.toml' --reuse --methods x,y"
 
 
+def test_a_benchmark_table_names_its_command_thread_settings_and_commit(repo, monkeypatch):
+    from benchmarks import deployed_round, sim_speed
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=repo, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    line = provenance.made_by("benchmarks.sim_speed", ["--clients", "20", "--out", "docs/results/sim speed"])
+    assert line == (f"Made by `OMP_NUM_THREADS=1 python -m benchmarks.sim_speed --clients 20 --out "
+                    f"'docs/results/sim speed'` at commit `{head}`.")
+    (repo / "fedcore" / "x.py").write_text("A = 2\n")  # uncommitted code: the line says so
+    assert provenance.made_by("benchmarks.reliability", []).endswith(f"at commit `{head}+changes`.")
+    row = {"method": "fedavg", "engine": "sequential, 1 thread", "round_s": 1.0, "run_s": 9.0, "eval_share": 0.1,
+           "startup_s": None, "first_round_s": 1.5}
+    assert sim_speed.table([row], "s", "GPU: none", line).splitlines()[0] == line
+    facts = {"cold_clientapp_start_s": 1.0, "partition_load_s": {"dataset": 0.1, "cache": 0.01},
+             "load_average": (1.0, 1.0, 1.0), "cpus": 2, "rounds": 4, "made": line}
+    times = {"round_s": 1.0, "first_round_s": 2.0}
+    assert deployed_round.format_table([{"supernodes": 2, "simulation": times}], ["simulation"], facts) \
+        .splitlines()[0] == line
+
+
 def test_the_source_hash_follows_the_source_packages_only(repo):
     before = provenance.source_hash()
     (repo / "docs").mkdir()
