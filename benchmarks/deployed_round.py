@@ -120,8 +120,8 @@ def format_table(rows: list[dict], engines: list[str], facts: dict) -> str:
     head = "| SuperNodes | " + " | ".join(f"{e}: s/round (first)" for e in engines)
     if "simulation" in engines:
         head += " | " + " | ".join(f"{e} / simulation" for e in engines if e != "simulation")
-    lines = [facts["made"], "", head + " |", "|" + "---|" * (head.count("|"))] if facts.get("made") else \
-        [head + " |", "|" + "---|" * (head.count("|"))]
+    made = [facts["made"], ""] if facts.get("made") else []
+    lines = made + [head + " |", "|" + "---|" * (head.count("|"))]
     for row in rows:
         cells = [str(row["supernodes"])]
         cells += [f"{row[e]['round_s']:.2f} ({row[e]['first_round_s']:.1f})" for e in engines]

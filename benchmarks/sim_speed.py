@@ -98,7 +98,8 @@ def table(rows: list[dict], setting: str, gpu_note: str, made: str = "") -> str:
     def num(v, fmt="{:.2f}"):
         return "-" if v is None else fmt.format(v)
 
-    lines = [made] * bool(made) + [f"Setting: {setting}. Round = median of rounds 2..R; run = command to end, start-up included.", "",
+    lines = ([made] if made else []) + [
+             f"Setting: {setting}. Round = median of rounds 2..R; run = command to end, start-up included.", "",
              "| method | engine | s / round | round ratio | s / run | run ratio | eval share of round | start-up s | round 1 s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -146,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                f"1 local epoch, evaluation every round, {os.cpu_count()} cores")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"made": made, "setting": setting, "rows": rows}, indent=2))
-    (args.out / "table.md").write_text(table(rows, setting, gpu_note, made))
-    print(table(rows, setting, gpu_note, made))
+    text = table(rows, setting, gpu_note, made)
+    (args.out / "table.md").write_text(text)
+    print(text)
     return 0
 
 

@@ -232,7 +232,7 @@ def _resumable(preset: dict, jobs: list, out: Path, code: dict) -> set:
         resumed[(entry.label, seed)] = f"{entry.label}-s{seed} at round {at}"
     again = "; ".join(f"{n} start over: {why}" for why, n in sorted(fresh.items()))
     if jobs:
-            print(f"resume: {len(resumed)} of {len(jobs)} runs left continue from their checkpoints"
+        print(f"resume: {len(resumed)} of {len(jobs)} runs left continue from their checkpoints"
               + (f" ({', '.join(resumed.values())})" if resumed else "") + (f"; {again}" if again else ""), flush=True)
     return set(resumed)
 
@@ -667,8 +667,8 @@ def _footer_failures(table_md: Path) -> list[str]:
 
 
 def _commit() -> str:
-    """HEAD's short hash, "+changes" where the tree has uncommitted changes (outside the builders' outputs)."""
-    return provenance.commit() + ("+changes" if provenance.uncommitted() else "")
+    """HEAD's short hash, "+changes" for uncommitted changes (``provenance.tree_commit``)."""
+    return provenance.tree_commit()
 
 
 def pct_cell(mean: float, std: float, one_seed: bool = False) -> str:

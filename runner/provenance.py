@@ -83,11 +83,15 @@ def benchmark_command(module: str, argv: list[str] | None) -> str:
     return " ".join(part for part in (threads, command_line(module, argv)) if part)
 
 
+def tree_commit(root: Path | None = None) -> str:
+    """HEAD's short hash, "+changes" where the tree has uncommitted changes (outside the builders' outputs)."""
+    return commit(root) + ("+changes" if uncommitted(root) else "")
+
+
 def made_by(module: str, argv: list[str] | None, root: Path | None = None) -> str:
-    """A benchmark table's first line: its full command (``benchmark_command``) and the commit, "+changes"
-    where the tree has uncommitted code. Taken when the benchmark starts, before it measures anything."""
-    return (f"Made by `{benchmark_command(module, argv)}` at commit "
-            f"`{commit(root)}{'+changes' if uncommitted(root) else ''}`.")
+    """A benchmark table's first line: its full command (``benchmark_command``) and ``tree_commit``. Taken when
+    the benchmark starts, before it measures anything."""
+    return f"Made by `{benchmark_command(module, argv)}` at commit `{tree_commit(root)}`."
 
 
 def writes_docs(out: Path, root: Path | None = None) -> bool:
