@@ -116,7 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="", help="comma-separated CPU seeds: the CPU's spread beside each CUDA run")
     args = parser.parse_args(argv)
     from runner import provenance
-    from runner.compare import _commit
 
     provenance.guard(args.out, allow_dirty=False)
     config, supernodes, rows = parse(args.methods_txt.read_text())
@@ -130,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             row.update(cpu_run(config, row["method"], supernodes))
         print(f"{row['method']:>12}: CUDA {pct(row['cuda_acc'])}  CPU "
               f"{row.get('cpu_seeds') or pct(row.get('cpu_acc'))}", flush=True)
-    made = {"command": provenance.command_line("benchmarks.cuda_vs_cpu", argv), "commit": _commit(), "gpu": args.gpu}
+    made = {"command": provenance.command_line("benchmarks.cuda_vs_cpu", argv), "commit": provenance.tree_commit(), "gpu": args.gpu}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"config": config, "supernodes": supernodes, **made,
                                                        "seeds": seeds, "rows": rows}, indent=1) + "\n")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.reliability import ROOT, _launch
 from runner import flower_cli as fc
-from runner.compare import _commit
+from runner.provenance import tree_commit
 
 RIVALS = "fedgh,fedrod,gpfl,creff,fedamp,heurfedamp,cfl,fesem,pfedgraph,per-fedavg,pfedme,l2gd,fednova"
 DEPLOY_CONFIG = "dataset='digits' num-server-rounds=2"
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/results/deployed-rivals"))
     args = parser.parse_args(argv)
     made_by = (f"Made by `python -m benchmarks.deployed_methods {shlex.join(sys.argv[1:] if argv is None else argv)}` "
-               f"at commit `{_commit()}`.")
+               f"at commit `{tree_commit()}`.")
     deploy_overrides = fc.parse_overrides(args.run_config)
     flwr_overrides = fc.parse_overrides(args.flwr_run_config)
     results = Path(tempfile.mkdtemp(prefix="deployed-methods-"))

@@ -68,10 +68,10 @@ def stamp() -> dict:
     """What the numbers were measured with: commit, torch, the CPU and the GPU."""
     import torch
 
-    from runner.compare import _commit
+    from runner.provenance import tree_commit
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"commit": _commit(), "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu,
+    return {"commit": tree_commit(), "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu,
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version()}
 
 

@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from fedcore.registry import REGISTRY
 
-    from runner.compare import _commit
+    from runner.provenance import tree_commit
     from runner.provenance import benchmark_command, guard
 
     guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only (the parent checks)
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = json.loads(args.run_config)
     extra["server-device"] = args.device or extra.get("server-device", "cpu")
     run(methods, [int(c) for c in args.clients.split(",")], args.out, extra, args.round,
-        {"command": command, "commit": _commit()}, args.merge)
+        {"command": command, "commit": tree_commit()}, args.merge)
     print((args.out / "table.md").read_text())
     return 0
 

@@ -356,7 +356,8 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runner.compare import _commit, load_preset
+    from runner.compare import load_preset
+    from runner.provenance import tree_commit
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path)
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     preset = load_preset(args.preset)
     check_validation(preset, str(args.preset))
     preset["name"] = args.preset.stem
-    preset["made"] = {"commit": _commit()}
+    preset["made"] = {"commit": tree_commit()}
     family_file = tuned_path(args.preset, preset)
     records = read_family(family_file)
     if args.rechoose:
