@@ -505,8 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from fedcore.registry import REGISTRY
 
-    from runner.provenance import tree_commit
-    from runner.provenance import benchmark_command, guard
+    from runner.provenance import benchmark_command, guard, tree_commit
 
     guard(args.out, args.allow_dirty)  # a docs/ table is made from committed code only (the parent checks)
 
