@@ -13,13 +13,13 @@ it came from.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.reliability import ROOT, resume_lines, resume_run
+from runner.provenance import guard, made_by
 
 HEADING = "## Resume after SIGKILL"
 
@@ -34,20 +34,17 @@ def replace_section(text: str, section: str) -> str:
     return text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
 
 
-def _commit() -> str:
-    """The commit the runs came from (``-dirty`` when the working tree had uncommitted changes)."""
-    out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True,
-                         text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="", help="comma-separated; default: every registered method")
     parser.add_argument("--supernodes", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "reliability.md")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write a docs/ table from uncommitted code (it then says so in bold)")
     args = parser.parse_args(argv)
+    dirty = guard(args.doc, args.allow_dirty)  # a docs/ table is made from committed code only
+    made = made_by("benchmarks.resume_table", argv)  # the full command and commit, taken before anything runs
     import flwr
     import torch
 
@@ -62,16 +59,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(resume_run(method, Path(results), supernodes=args.supernodes, rounds=args.rounds))
             print(f"[{i}/{len(methods)}] {rows[-1]} ({time.monotonic() - t0:.0f} s)", flush=True)
     section = "\n".join([
-        HEADING, "",
+        HEADING, "", made + (" **Not from committed code.**" if dirty else ""), "",
         f"Every method through a real `flwr run` (Ray simulation, {args.supernodes} SuperNodes, dataset digits, "
         f"default partition and seed, {args.rounds} rounds): an uninterrupted run; the same run with its "
         f"simulation process (ServerApp and Ray driver) killed with SIGKILL as soon as round {args.rounds - 2}'s "
         "checkpoint existed (\"resumed from\" names the newest checkpoint the kill left); the same command again "
         "with `resume=true`. "
         "\"equal metrics\": every rounds.csv column but the timings (accuracies, losses, bytes, replies, "
-        "method metrics) equals the uninterrupted run's. Written by `python -m benchmarks.resume_table` "
-        f"at commit {_commit()} (flwr {flwr.__version__}, torch {torch.__version__}) in "
-        f"{(time.monotonic() - started) / 60:.0f} min; the long test "
+        f"method metrics) equals the uninterrupted run's. flwr {flwr.__version__}, torch {torch.__version__}, "
+        f"{(time.monotonic() - started) / 60:.0f} min in all; the long test "
         "`test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result` checks the same for every method.",
         "", *resume_lines(rows), ""])
     doc = args.doc

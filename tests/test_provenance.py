@@ -53,6 +53,17 @@ def test_compare_refuses_to_write_docs_from_a_dirty_tree(repo, capsys):
     assert provenance.guard(repo / "elsewhere", False) is True  # outside docs/: tried freely
 
 
+def test_the_resume_table_refuses_a_dirty_tree_before_it_runs_anything(repo, monkeypatch):
+    from benchmarks import resume_table
+
+    monkeypatch.setattr(resume_table, "resume_run", lambda *a, **k: pytest.fail("ran from a dirty tree"))
+    (repo / "fedcore" / "x.py").write_text("A = 2\n")  # a source edit
+    doc = repo / "docs" / "reliability.md"
+    with pytest.raises(provenance.DirtyTree, match=r"refusing to write docs/reliability\.md .*fedcore/x\.py"):
+        resume_table.main(["--methods", "fedavg", "--doc", str(doc)])
+    assert not doc.exists()
+
+
 def test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits():
     from runner.compare import made_line
 
