@@ -66,3 +66,47 @@ def test_the_link_check_finds_broken_links_and_headings(tmp_path):
                     "`[code](not/a/link.md)`\n```\n[fenced](not/a/link.md)\n```\n[self](#a-heading-here)\n")
     assert broken_links(page) == ["docs/missing.png (no such file)", "docs/b.md (no such file)",
                                   "docs/a.md#nothing (no such heading)", "#a-heading-here (no such heading)"]
+
+
+PAPER_PAGES = ("pfedpm", "fedmcsa", "fedfcd", "mupfl", "fedsac")
+LEGEND = re.compile(r"`?(\w+)(?:\.py)?`?\s+(?:=|is)\s+`(tests/\w+\.py)`")
+CITED = re.compile(r"\b(\w+)(?:\.py)?::(test_\w+)")
+
+
+def invariant_citations(text: str, root: Path) -> tuple[list[tuple[int, str]], list[str]]:
+    """The "Spec invariants and their tests" section of a paper page: (row number, cited test) pairs, and each
+    citation that names no test function of the file its letter stands for (the legend above the table)."""
+    section = text[text.index("## Spec invariants and their tests"):]
+    section = section[:section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    files = {letter: root / path for letter, path in LEGEND.findall(section)}
+    files |= {m: root / "tests" / f"{m}.py" for m, _ in CITED.findall(section) if m.startswith("test_")}  # a module
+    defined = {letter: set(re.findall(r"^\s*def (test_\w+)", f.read_text(), re.M)) if f.exists() else set()
+               for letter, f in files.items()}
+    rows, missing = [], []
+    for line in section.splitlines():
+        row = re.match(r"^\| *(\d+) *\|", line)
+        for letter, name in CITED.findall(line):
+            if row:
+                rows.append((int(row.group(1)), name))
+            if name not in defined.get(letter, set()):
+                missing.append(f"{letter}::{name}" + ("" if letter in files else f" (no legend for {letter})"))
+    return rows, missing
+
+
+@pytest.mark.parametrize("paper", PAPER_PAGES)
+def test_every_spec_invariant_row_cites_tests_that_exist_in_the_file_its_legend_names(paper):
+    rows, missing = invariant_citations((ROOT / "docs" / "papers" / f"{paper}.md").read_text(), ROOT)
+    assert missing == [], f"{paper}.md cites tests that are not where its legend says"
+    numbers = sorted({n for n, _ in rows})
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 9, numbers  # no row without a test
+
+
+def test_the_invariant_audit_finds_a_renamed_test_and_a_letter_without_a_legend(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_kept():\n    pass\n")
+    page = ("## Spec invariants and their tests\n\n`A` = `tests/test_a.py`.\n\n| # | invariant | tests |\n|---|---|---|\n"
+            "| 1 | x | `A::test_kept`, `A::test_renamed` |\n| 2 | y | B.py::test_kept, test_a::test_kept |\n\n## Next\n\n"
+            "`A::test_gone`\n")
+    rows, missing = invariant_citations(page, tmp_path)
+    assert rows == [(1, "test_kept"), (1, "test_renamed"), (2, "test_kept"), (2, "test_kept")]
+    assert missing == ["A::test_renamed", "B::test_kept (no legend for B)"]
