@@ -330,7 +330,8 @@ class ClientMethod:
               optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
               lr: float | None = None, tag: int = 0, loss_fn: LossFn = cross_entropy, x: torch.Tensor | None = None,
               y: torch.Tensor | None = None, batch_size: int | None = None,
-              after_step: StepCallback | None = None, full_batches: bool = False) -> float:
+              after_step: StepCallback | None = None, full_batches: bool = False,
+              proximal: tuple[Sequence[torch.Tensor], float] | None = None) -> float:
         """Mini-batch training on this client's training set; returns the mean batch loss.
 
         Defaults: ``local-steps`` steps if set, else ``local-epochs`` epochs; ``batch-size``; SGD
@@ -338,7 +339,8 @@ class ClientMethod:
         across epochs); ``params``/``lr`` narrow the default optimiser and ``optimizer`` replaces it
         (one or several, all stepped on the same loss); ``x``/``y`` replace the data (features cached
         from a fixed body); ``tag`` picks a shuffle stream of its own; ``after_step`` runs after
-        every step; ``full_batches`` makes every batch of a step budget exactly ``batch_size`` long.
+        every step; ``full_batches`` makes every batch of a step budget exactly ``batch_size`` long;
+        ``proximal = (anchor, c)`` adds c * ||w - anchor||^2 to the loss (``training.add_proximal_pull``).
         """
         if epochs is None and steps is None:
             if self.cfg["local-steps"] > 0:
@@ -354,7 +356,7 @@ class ClientMethod:
         return train_loop(model, self.data.x_train if x is None else x, self.data.y_train if y is None else y,
                           epochs=epochs, steps=steps, batch_size=batch_size or self.cfg["batch-size"],
                           optimizer=optimizer, generator=self.env.generator(tag), loss_fn=loss_fn,
-                          after_step=after_step, full_batches=full_batches, augment=augment)
+                          after_step=after_step, full_batches=full_batches, augment=augment, proximal=proximal)
 
     # --- the upload of the feature-exchanging methods (FedProto, FedGH)
     def class_feature_upload(self, model: SplitModel) -> dict:

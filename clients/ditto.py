@@ -1,11 +1,9 @@
 """Ditto client: personal model v trained with CE + lambda/2 * ||v - w||^2 towards the received global
 model w, then w trained as in FedAvg and sent back. Evaluation uses v."""
 
-import torch.nn.functional as F
-
 from clients.base import EvalResult
 from clients.fedavg import FedAvgClient
-from clients.training import evaluate_model, proximal_term
+from clients.training import evaluate_model
 
 PERSONAL = "personal"
 PERSONAL_TAG = 1
@@ -16,12 +14,8 @@ class DittoClient(FedAvgClient):
         """``model`` is the received global model: first the personal step towards it, then FedAvg's."""
         personal = self.load_model(PERSONAL)
         anchor = [p.detach().clone() for p in model.parameters()]
-        lam = self.hp["lambda"]
-
-        def loss_fn(m, xb, yb):
-            return F.cross_entropy(m(xb), yb) + 0.5 * lam * proximal_term(m, anchor)
-
-        self.train(personal, epochs=self.hp["personal-epochs"], tag=PERSONAL_TAG, loss_fn=loss_fn)
+        self.train(personal, epochs=self.hp["personal-epochs"], tag=PERSONAL_TAG,
+                   proximal=(anchor, 0.5 * self.hp["lambda"]))  # CE + lambda/2 ||v - w||^2
         self.save_model(personal, PERSONAL)
         return super().local_train(model, content)
 

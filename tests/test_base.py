@@ -534,3 +534,37 @@ def test_every_extension_point_says_what_it_does():
         for name in names:
             doc = inspect.getdoc(getattr(cls, name))
             assert doc and len(doc) > 30, f"{cls.__name__}.{name}"
+
+
+@pytest.mark.parametrize("sgd", [{}, {"momentum": 0.9, "weight_decay": 0.001}], ids=["plain", "momentum+weight-decay"])
+@pytest.mark.parametrize("coef", [0.005, 0.5, 3.0])
+def test_the_proximal_pull_outside_autograd_equals_the_autograd_term_bit_for_bit(sgd, coef):
+    """``proximal=(anchor, c)`` adds 2c (w - anchor) to the gradients after backward: the parameters, momentum
+    buffers and mean loss are those of the loss CE + c * proximal_term through autograd, bit for bit, over three
+    epochs (FedProx's and Ditto's local training take it; FeSEM's and FedAMP's keep the autograd term until
+    their mutation reports are made again)."""
+    from clients.training import cross_entropy, proximal_term, train_loop
+    from tests.conftest import test_device
+
+    device = torch.device(test_device())
+
+    def trained(through_autograd: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to(device)
+        anchor = [p.detach().clone() + 0.1 * torch.randn_like(p) for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, **sgd)
+        x = torch.randn(37, 6, generator=torch.Generator().manual_seed(1)).to(device)
+        y = (torch.arange(37) % 3).to(device)
+        kwargs = dict(batch_size=5, optimizer=opt, generator=torch.Generator(device).manual_seed(2), epochs=3)
+        if through_autograd:
+            loss = train_loop(model, x, y, loss_fn=lambda m, xb, yb: cross_entropy(m, xb, yb)
+                              + coef * proximal_term(m, anchor), **kwargs)
+        else:
+            loss = train_loop(model, x, y, proximal=(anchor, coef), **kwargs)
+        bufs = [opt.state[p].get("momentum_buffer") for p in model.parameters()]
+        return loss, [p.detach().clone() for p in model.parameters()], bufs
+
+    (loss, params, bufs), (ref_loss, ref_params, ref_bufs) = trained(False), trained(True)
+    assert loss == ref_loss
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(bufs, ref_bufs))

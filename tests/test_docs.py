@@ -104,9 +104,10 @@ def test_every_spec_invariant_row_cites_tests_that_exist_in_the_file_its_legend_
 def test_the_invariant_audit_finds_a_renamed_test_and_a_letter_without_a_legend(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_a.py").write_text("def test_kept():\n    pass\n")
-    page = ("## Spec invariants and their tests\n\n`A` = `tests/test_a.py`.\n\n| # | invariant | tests |\n|---|---|---|\n"
-            "| 1 | x | `A::test_kept`, `A::test_renamed` |\n| 2 | y | B.py::test_kept, test_a::test_kept |\n\n## Next\n\n"
-            "`A::test_gone`\n")
+    page = ("## Spec invariants and their tests\n\n`A` = `tests/test_a.py`.\n\n"
+            "| # | invariant | tests |\n|---|---|---|\n"
+            "| 1 | x | `A::test_kept`, `A::test_renamed` |\n"
+            "| 2 | y | B.py::test_kept, test_a::test_kept |\n\n## Next\n\n`A::test_gone`\n")
     rows, missing = invariant_citations(page, tmp_path)
     assert rows == [(1, "test_kept"), (1, "test_renamed"), (2, "test_kept"), (2, "test_kept")]
     assert missing == ["A::test_renamed", "B::test_kept (no legend for B)"]
