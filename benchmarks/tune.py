@@ -12,7 +12,9 @@ default stays, so that a choice never rests on a handful of images. ``--rechoose
 validation numbers a family file holds, without running anything. The choice goes to
 ``conf/tuned/<dataset>-<partition>.toml`` (beside the preset; ``[compare] tuned`` names another), which every
 preset of that family reads through ``[compare] tuned``: the command adds that line to the preset when it is
-missing. A method already in the file is reused, not tuned again (``--retune`` does). ``<output>/tuning.md``
+missing. A method already in the file is reused, not tuned again (``--retune`` does); a grid cut off part-way
+goes on where it stopped (``run_grid``: the settings finished under the same source are kept, a cut-off one
+continues from its checkpoint). ``<output>/tuning.md``
 lists, for every row, the grid and its validation numbers (or where the reused choice was made) and the common
 keys each row runs with, flagging any that differ between rows and are not declared in ``[compare] unequal`` (key -> why).
 """
@@ -120,32 +122,56 @@ def grid_configs(preset: dict, entry, out: Path) -> list[dict]:
     seed = preset["compare"].get("seeds", [0])[0]
     return [{**preset.get("run-config", {}), **own, **setting, "method": entry.method, "seed": seed,
              "num-server-rounds": tuning_budget(preset), "results-dir": str(out / "runs" / "tuning"),
-             "run-name": f"{entry.method}-{i}", "overwrite": True, "plots": False}
+             "run-name": f"{entry.method}-{i}", "plots": False}
             for i, setting in enumerate(settings(entry.method))]
 
 
-def run_grid(configs: list[dict], supernodes: int, jobs: int) -> list[dict | None]:
-    """Every config in-process (the same ServerApp and ClientApp as a comparison), ``jobs`` at a time."""
-    from runner.compare import _run_inprocess
+def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> list[dict | None]:
+    """Every config in-process (the same ServerApp and ClientApp as a comparison), ``jobs`` at a time.
+
+    As a comparison's ``--resume`` does, a setting whose run already finished under ``code``'s source and the
+    same config is kept, and one cut off under them goes on from its last checkpoint: a grid cut off by the end
+    of a session loses only the rounds since the last checkpoints. Each finished run gets its provenance record."""
+    from runner import provenance
+    from runner.compare import _run_folder, _run_inprocess, finished_run
     from runner.inprocess import pool_context
 
+    summaries = [finished_run(c, code)[0] for c in configs]
+    todo, resumed = [], []
+    for i, config in enumerate(configs):
+        if summaries[i] is not None:
+            continue
+        at, _ = provenance.resumable(_run_folder(config), config, code)
+        if at is not None:
+            provenance.note_resumed(_run_folder(config), at)
+            resumed.append(f"{config['run-name']} at round {at}")
+        todo.append((i, {**config, **({"resume": True} if at is not None else {"overwrite": True})}))
+    kept = len(configs) - len(todo)
+    if kept or resumed:
+        print(f"  kept {kept} finished setting(s) of this source; {len(resumed)} go on from their checkpoints"
+              + (f" ({', '.join(resumed)})" if resumed else ""), flush=True)
+    if not todo:
+        return summaries
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    context = pool_context(*(c.get("device", "auto") for c in configs))  # spawn where a run is on CUDA
+    context = pool_context(*(c.get("device", "auto") for _, c in todo))  # spawn where a run is on CUDA
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
-        results = list(pool.map(_run_inprocess, configs, [supernodes] * len(configs)))
-    for config, r in zip(configs, results):  # a failed setting says why, not only "failed"
-        if r["status"] != "finished:completed":
+        results = list(pool.map(_run_inprocess, [c for _, c in todo], [supernodes] * len(todo), [code] * len(todo)))
+    for (i, config), r in zip(todo, results):
+        if r["status"] != "finished:completed":  # a failed setting says why, not only "failed"
             print(f"  {config['run-name']}: {r['status']} {r.get('details', '')}", flush=True)
-    return [r["summary"] if r["status"] == "finished:completed" else None for r in results]
+            continue
+        provenance.record(_run_folder(config), code, configs[i])
+        summaries[i] = r["summary"]
+    return summaries
 
 
-def tune_method(preset: dict, entry, out: Path, jobs: int) -> dict:
+def tune_method(preset: dict, entry, out: Path, jobs: int, code: dict) -> dict:
     """Run ``entry``'s method's grid and return its record: settings, validation accuracies, the choice."""
     configs = grid_configs(preset, entry, out)
     assert len(configs) <= MAX_SETTINGS
     t0 = time.monotonic()
     print(f"tuning {entry.method}: {len(configs)} settings x {tuning_budget(preset)} rounds ...", flush=True)
-    summaries = run_grid(configs, preset["compare"].get("supernodes", 10), jobs)
+    summaries = run_grid(configs, preset["compare"].get("supernodes", 10), jobs, code)
     grid = settings(entry.method)
     records = [{"setting": s, "val_acc": None if sm is None else sm.get(SELECT_ON),
                 "val_round": None if sm is None else sm.get("best_val_round")} for s, sm in zip(grid, summaries)]
@@ -356,8 +382,8 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
+    from runner import provenance
     from runner.compare import load_preset
-    from runner.provenance import tree_commit
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path)
@@ -371,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     preset = load_preset(args.preset)
     check_validation(preset, str(args.preset))
     preset["name"] = args.preset.stem
-    preset["made"] = {"commit": tree_commit()}
+    code = provenance.stamp()
+    preset["made"] = {"commit": provenance.tree_commit()}
     family_file = tuned_path(args.preset, preset)
     records = read_family(family_file)
     if args.rechoose:
@@ -390,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         if method in records and not args.retune:
             print(f"{method}: reusing the family's choice {json.dumps(records[method]['chosen'])}", flush=True)
             continue
-        records[method] = tune_method(preset, entry, out, args.jobs or preset["compare"].get("jobs", 1))
+        records[method] = tune_method(preset, entry, out, args.jobs or preset["compare"].get("jobs", 1), code)
         tuned_now.add(method)
         records = merge_family(family_file, {m: records[m] for m in tuned_now},
                                family(preset.get("run-config", {})))  # after each method: resumable

@@ -11,6 +11,7 @@ model or a client without going through one of these.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,31 @@ def run_inprocess(tmp_path, num_clients: int = 3, faults=None, **overrides):
     from runner import inprocess
 
     return inprocess.run_inprocess(small_config(tmp_path, **overrides), num_clients, faults=faults)
+
+
+class CutOff(Exception):
+    """Stands for the session ending in the middle of a run."""
+
+
+def begin_and_cut_off(config: dict, code: dict, num_clients: int = 3, in_round: int = 2) -> None:
+    """Begin ``config``'s run as a comparison or tuning job does (its start record under ``code``, then the run)
+    and stop it in round ``in_round``, after the round before it wrote its checkpoint."""
+    from clients.app import app as client_app
+    from fedcore.config import Config
+    from runner import provenance
+    from runner.inprocess import InProcessGrid
+    from server_app.app import run_experiment
+
+    config = {**config, "overwrite": True}
+    provenance.mark_started(Path(config["results-dir"]) / config["run-name"], code, config)
+
+    def crash(msg, reply):
+        if msg.metadata.group_id == str(in_round):
+            raise CutOff()
+        return reply
+
+    with pytest.raises(CutOff):
+        run_experiment(InProcessGrid(client_app, num_clients, config, faults=crash), Config.from_run_config(config))
 
 
 @pytest.fixture(scope="module")

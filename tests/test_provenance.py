@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runner import provenance, run_data, stats
-from tests.conftest import test_device
+from tests.conftest import begin_and_cut_off, test_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,29 +142,12 @@ def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monk
     assert "1 not kept: config changed" in capsys.readouterr().out
 
 
-class _Crash(Exception):
-    """Stands for the session ending in the middle of a run."""
-
-
 def _cut_off_in_round_2(preset: dict, out: Path, code: dict) -> None:
-    """Begin fedavg seed 0 of ``preset`` as its comparison job does (start record, then the run) and stop it
-    in round 2, after round 1's checkpoint."""
-    from clients.app import app as client_app
-    from fedcore.config import Config
+    """Begin fedavg seed 0 of ``preset`` as its comparison job does and stop it in round 2, after round 1's
+    checkpoint."""
     from runner.compare import entries, job_config
-    from runner.inprocess import InProcessGrid
-    from server_app.app import run_experiment
 
-    config = job_config(preset, entries(preset)[0], 0, out)
-    provenance.mark_started(Path(config["results-dir"]) / config["run-name"], code, config)
-
-    def crash(msg, reply):
-        if msg.metadata.group_id == "2":
-            raise _Crash()
-        return reply
-
-    with pytest.raises(_Crash):
-        run_experiment(InProcessGrid(client_app, 3, config, faults=crash), Config.from_run_config(config))
+    begin_and_cut_off(job_config(preset, entries(preset)[0], 0, out), code)
 
 
 def _untimed_rounds(folder: Path) -> list[dict]:

@@ -219,6 +219,45 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     assert path.read_text().count("tuned =") == 1
 
 
+def test_a_tuning_cut_off_goes_on_where_it_stopped_and_reruns_under_other_source(tmp_path, monkeypatch, capsys):
+    """A grid cut off mid-run (the session ended) keeps the setting that finished under this source and config
+    and continues the cut-off one from its checkpoint to the uninterrupted numbers; under other source code every
+    setting runs again."""
+    from runner import provenance
+    from runner.compare import entries, load_preset
+    from tests.conftest import begin_and_cut_off
+
+    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    conf, path = _preset(tmp_path)
+    path.write_text(path.read_text().replace("num-server-rounds = 2", "num-server-rounds = 4"))  # a 2-round grid
+    assert tune.main([str(path), "--methods", "fedprox"]) == 0
+    family = conf / "tuned" / "digits-pathological.toml"
+    whole = tune.read_family(family)["fedprox"]["grid"]
+    runs = tmp_path / "out" / "runs" / "tuning"
+    assert provenance.read(runs / "fedprox-1")["source_hash"] == provenance.source_hash()
+    kept = (runs / "fedprox-0" / "summary.json").stat().st_mtime_ns
+
+    preset = load_preset(path)
+    entry = next(e for e in entries(preset) if e.label == "fedprox")
+    begin_and_cut_off(tune.grid_configs(preset, entry, tmp_path / "out")[1], provenance.stamp())
+    assert not (runs / "fedprox-1" / "summary.json").exists()
+    capsys.readouterr()
+    assert tune.main([str(path), "--methods", "fedprox", "--retune"]) == 0
+    assert ("kept 1 finished setting(s) of this source; 1 go on from their checkpoints (fedprox-1 at round 1)"
+            in capsys.readouterr().out)
+    assert (runs / "fedprox-0" / "summary.json").stat().st_mtime_ns == kept
+    assert provenance.read(runs / "fedprox-1")["resumed"]["from_round"] == 1
+    assert tune.read_family(family)["fedprox"]["grid"] == whole
+
+    real = provenance.source_hash
+    monkeypatch.setattr(provenance, "source_hash", lambda root=None: "changed" + real(root)[7:])  # a source edit
+    assert tune.main([str(path), "--methods", "fedprox", "--retune"]) == 0
+    assert "kept" not in capsys.readouterr().out
+    assert (runs / "fedprox-0" / "summary.json").stat().st_mtime_ns != kept
+    assert provenance.read(runs / "fedprox-0")["source_hash"].startswith("changed")
+    assert tune.read_family(family)["fedprox"]["grid"] == whole
+
+
 ROOT = tuning_grid.Path(__file__).resolve().parents[1]
 # found by this test and not fixed yet (issue #45): FedGH's rows in the FedFCD presets take FedGH's own paper
 # setting (momentum 0.9, weight decay 0.001) where every other row trains with 0 and 0
