@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from fedcore.tuning_grid import COMMON_KEYS, MAX_SETTINGS, ROUNDS_FRACTION, SELECT_ON, family, settings, tuned_keys
@@ -155,13 +155,14 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> lis
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = pool_context(*(c.get("device", "auto") for _, c in todo))  # spawn where a run is on CUDA
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
-        results = list(pool.map(_run_inprocess, [c for _, c in todo], [supernodes] * len(todo), [code] * len(todo)))
-    for (i, config), r in zip(todo, results):
-        if r["status"] != "finished:completed":  # a failed setting says why, not only "failed"
-            print(f"  {config['run-name']}: {r['status']} {r.get('details', '')}", flush=True)
-            continue
-        provenance.record(_run_folder(config), code, configs[i])
-        summaries[i] = r["summary"]
+        running = {pool.submit(_run_inprocess, config, supernodes, code): i for i, config in todo}
+        for future in as_completed(running):  # recorded as each ends, so a cut-off grid keeps what finished
+            i, r = running[future], future.result()
+            if r["status"] != "finished:completed":  # a failed setting says why, not only "failed"
+                print(f"  {configs[i]['run-name']}: {r['status']} {r.get('details', '')}", flush=True)
+                continue
+            provenance.record(_run_folder(configs[i]), code, configs[i])
+            summaries[i] = r["summary"]
     return summaries
 
 

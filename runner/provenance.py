@@ -174,7 +174,10 @@ def resumable(folder: Path, config: dict, code: dict) -> tuple[int | None, str]:
     rounds = sorted((Path(folder) / checkpoints.FOLDER).glob("round-*.ckpt"))
     if not rounds:
         return None, "no checkpoint"
-    return int(rounds[-1].stem.split("-")[1]), ""
+    at = int(rounds[-1].stem.split("-")[1])
+    if at >= int(config.get("num-server-rounds", at + 1)):  # cut off between its last round and its summary
+        return None, "nothing left to resume"
+    return at, ""
 
 
 def note_resumed(folder: Path, from_round: int) -> None:

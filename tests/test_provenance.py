@@ -157,6 +157,21 @@ def _untimed_rounds(folder: Path) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in ("wall_s", "eval_s", "startup_s")} for r in csv.DictReader(f)]
 
 
+def test_a_run_cut_off_after_its_last_checkpoint_starts_over_instead_of_resuming_nothing(tmp_path):
+    """Killed between its last round's checkpoint and its summary, a run has no round left to resume (the server
+    would refuse it): it starts over; one round earlier it goes on from there."""
+    from server_app import checkpoints
+
+    folder, code = tmp_path / "fedavg-s0", provenance.stamp()
+    config = {"method": "fedavg", "num-server-rounds": 3, "results-dir": str(tmp_path), "run-name": "fedavg-s0"}
+    provenance.mark_started(folder, code, config)
+    for r in (2, 3):
+        checkpoints.save(folder, r, {"x": r}, keep=2)
+    assert provenance.resumable(folder, config, code) == (None, "nothing left to resume")
+    (folder / checkpoints.FOLDER / "round-00003.ckpt").unlink()
+    assert provenance.resumable(folder, config, code) == (2, "")
+
+
 def test_resume_continues_a_cut_off_run_only_under_the_code_that_began_it(tmp_path, monkeypatch, capsys):
     """``--resume``: a comparison run cut off mid-way continues from its checkpoint to the uninterrupted
     result and its record names where it went on from; begun under other source code, it starts over."""
