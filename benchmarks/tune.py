@@ -133,7 +133,7 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> lis
     same config is kept, and one cut off under them goes on from its last checkpoint: a grid cut off by the end
     of a session loses only the rounds since the last checkpoints. Each finished run gets its provenance record."""
     from runner import provenance
-    from runner.compare import _run_folder, _run_inprocess, finished_run
+    from runner.compare import _run_folder, _run_inprocess, finished_run, resume_point
     from runner.inprocess import pool_context
 
     summaries = [finished_run(c, code)[0] for c in configs]
@@ -141,9 +141,8 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> lis
     for i, config in enumerate(configs):
         if summaries[i] is not None:
             continue
-        at, _ = provenance.resumable(_run_folder(config), config, code)
+        at, _ = resume_point(config, code)
         if at is not None:
-            provenance.note_resumed(_run_folder(config), at)
             resumed.append(f"{config['run-name']} at round {at}")
         todo.append((i, {**config, **({"resume": True} if at is not None else {"overwrite": True})}))
     kept = len(configs) - len(todo)

@@ -217,18 +217,25 @@ def _reuse(preset: dict, jobs: list, out: Path, code: dict, results: dict, commi
     return left
 
 
+def resume_point(config: dict, code: dict) -> tuple[int | None, str]:
+    """The checkpoint round ``config``'s cut-off run goes on from (noted in its start record), or None and why it
+    starts over (``provenance.resumable``)."""
+    at, why = provenance.resumable(_run_folder(config), config, code)
+    if at is not None:
+        provenance.note_resumed(_run_folder(config), at)
+    return at, why
+
+
 def _resumable(preset: dict, jobs: list, out: Path, code: dict) -> set:
     """The (label, seed) jobs whose cut-off run may continue from its checkpoint (``provenance.resumable``: begun
     under this source and config), each one's round noted in its start record; says which, from which round, and
     why the others start over."""
     resumed, fresh = {}, {}
     for entry, seed in jobs:
-        config = run_config(preset, entry, seed, out)
-        at, why = provenance.resumable(_run_folder(config), config, code)
+        at, why = resume_point(run_config(preset, entry, seed, out), code)
         if at is None:
             fresh[why] = fresh.get(why, 0) + 1
             continue
-        provenance.note_resumed(_run_folder(config), at)
         resumed[(entry.label, seed)] = f"{entry.label}-s{seed} at round {at}"
     again = "; ".join(f"{n} start over: {why}" for why, n in sorted(fresh.items()))
     if jobs:
