@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import ClientMethod, EvalResult
-from clients.training import cross_entropy, evaluate_model, proximal_term
+from clients.training import evaluate_model, proximal_term
 from fedcore import wire
 from fedcore.methods.fedamp import CLOUD, DIST_TO_CLOUD
 
@@ -29,11 +29,7 @@ class FedAMPClient(ClientMethod):
         anchor = [p.detach().clone() for p in cloud.parameters()]
         model = cloud if self.hp["start"] == "cloud" else self.load_model(MODEL)
         weight = proximal_weight(self.hp["lambda"], self.hp["alpha-k"])
-
-        def loss_fn(m, xb, yb):
-            return cross_entropy(m, xb, yb) + weight * proximal_term(m, anchor)
-
-        loss = self.train(model, loss_fn=loss_fn)
+        loss = self.train(model, proximal=(anchor, weight))  # CE + lambda / (2 alpha_k) ||w - u_i||^2
         self.save_model(model, MODEL)
         with torch.no_grad():
             dist = float(proximal_term(model, anchor))

@@ -5,7 +5,6 @@ received centre."""
 from __future__ import annotations
 
 from clients.fedavg import FedAvgClient
-from clients.training import cross_entropy, proximal_term
 
 
 class FeSEMClient(FedAvgClient):
@@ -14,8 +13,4 @@ class FeSEMClient(FedAvgClient):
         if lam == 0:
             return self.train(model)
         anchor = [p.detach().clone() for p in model.parameters()]
-
-        def loss_fn(m, xb, yb):
-            return cross_entropy(m, xb, yb) + 0.5 * lam * proximal_term(m, anchor)
-
-        return self.train(model, loss_fn=loss_fn)
+        return self.train(model, proximal=(anchor, 0.5 * lam))  # CE + lambda/2 ||w - w~_k||^2

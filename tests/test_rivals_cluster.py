@@ -727,6 +727,32 @@ def test_fesem_client_lambda_adds_the_proximal_pull_to_the_centre(tmp_path):
     assert moved[1] < 0.5 * moved[0]
 
 
+def test_fesem_client_two_full_batch_steps_follow_ce_plus_lambda_over_2_times_the_distance_to_the_centre(tmp_path):
+    """Two full-batch SGD steps from the centre c (the first has no pull, as w = c):
+    w <- w - eta (grad CE(w) + lambda (w - c)), by autograd on the written-out objective."""
+    from clients.fesem import FeSEMClient
+
+    lam, eta = 4.0, 0.1
+    client = FeSEMClient(_env(tmp_path, "fesem", RecordDict(), **{"local-steps": 2, "batch-size": 100000, "lr": eta,
+                                                                   "fesem.lambda": lam}))
+    centre = _random_model(client, 6)
+    records, _ = client.fit(RecordDict({wire.WEIGHTS: wire.pack_arrays(centre.state_dict())}))
+    names = [n for n, _ in centre.named_parameters()]
+    c = [p.detach().clone() for p in centre.parameters()]
+    w = [p.clone() for p in c]
+    x, y = client.data.x_train, client.data.y_train
+    for _ in range(2):
+        params = [p.detach().requires_grad_(True) for p in w]
+        loss = F.cross_entropy(torch.func.functional_call(centre, dict(zip(names, params)), x), y)
+        loss = loss + lam / 2 * sum(((p - a) ** 2).sum() for p, a in zip(params, c))
+        w = [(p - eta * g).detach() for p, g in zip(params, torch.autograd.grad(loss, params))]
+    sent = _arrays_of(records[wire.WEIGHTS])
+    moved = sum(float(((p - a) ** 2).sum()) for p, a in zip(w, c))
+    assert moved > 1e-4  # the check below compares a real update
+    for name, value in zip(names, w):
+        assert np.allclose(sent[name], wire.to_host(value), atol=1e-6)
+
+
 def test_an_unassigned_client_gets_the_centre_nearest_the_initial_model():
     s = _strategy("fesem", n=3, clusters=3)
     size = sum(v.size for v in s.initial_weights.values())
