@@ -42,8 +42,9 @@ VERSION = 2
 MAGIC = b"pfl-flower checkpoint\n"
 _MAX_HEADER = 4096
 _NONFINITE = ("nan", "inf", "-inf")  # repr() of the floats JSON cannot hold
-# keys that may differ between the interrupted run and its resumption
-RESUMABLE_CHANGES = {"resume", "overwrite", "num-server-rounds", "round-timeout", "node-wait-s", "device",
+# keys that may differ between the interrupted run and its resumption (results-dir: a run folder moved or a clone
+# elsewhere; the checkpoint was found in the folder it names, so it is the same run)
+RESUMABLE_CHANGES = {"resume", "overwrite", "results-dir", "num-server-rounds", "round-timeout", "node-wait-s", "device",
                      "server-device", "deterministic", "client-threads", "checkpoint-keep", "eval-every", "plots",
                      "tracker", "tracker-every", "tracker-group"}
 

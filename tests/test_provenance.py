@@ -157,6 +157,24 @@ def _untimed_rounds(folder: Path) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in ("wall_s", "eval_s", "startup_s")} for r in csv.DictReader(f)]
 
 
+def test_a_cut_off_run_moved_to_another_folder_resumes_there_to_the_uninterrupted_result(tmp_path, capsys):
+    """A comparison's folder moved (or its clone checked out elsewhere) after a run was cut off: the checkpoint's
+    results-dir is the old path, and the run still goes on from it in the new one."""
+    import shutil
+
+    from runner.compare import run_all
+
+    whole = run_all(_preset(tmp_path / "whole", ("fedavg",), (0,)), ROOT) / "runs" / "fedavg-s0"
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    _cut_off_in_round_2(_preset(first, ("fedavg",), (0,)), first, provenance.stamp())
+    shutil.move(first, moved)
+    capsys.readouterr()
+    run_all(_preset(moved, ("fedavg",), (0,)), ROOT, resume=True)
+    assert "resume: 1 of 1 runs left continue from their checkpoints (fedavg-s0 at round 1)" in capsys.readouterr().out
+    assert _untimed_rounds(moved / "runs" / "fedavg-s0") == _untimed_rounds(whole)
+    assert provenance.read(moved / "runs" / "fedavg-s0")["resumed"]["from_round"] == 1
+
+
 def test_a_run_cut_off_after_its_last_checkpoint_starts_over_instead_of_resuming_nothing(tmp_path):
     """Killed between its last round's checkpoint and its summary, a run has no round left to resume (the server
     would refuse it): it starts over; one round earlier it goes on from there."""
