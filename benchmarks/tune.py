@@ -14,7 +14,9 @@ validation numbers a family file holds, without running anything. The choice goe
 preset of that family reads through ``[compare] tuned``: the command adds that line to the preset when it is
 missing. A method already in the file is reused, not tuned again (``--retune`` does); a grid cut off part-way
 goes on where it stopped (``run_grid``: the settings finished under the same source are kept, a cut-off one
-continues from its checkpoint). ``<output>/tuning.md``
+continues from its checkpoint). Like a docs/ table, a tuning is made from committed code: a tree with uncommitted
+changes other than the family file it writes itself is refused (``--allow-dirty`` to try things; each record's
+commit then says ``+changes``). ``<output>/tuning.md``
 lists, for every row, the grid and its validation numbers (or where the reused choice was made) and the common
 keys each row runs with, flagging any that differ between rows and are not declared in ``[compare] unequal`` (key -> why).
 """
@@ -393,12 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rechoose", action="store_true", help="apply the choice rule again to the validation "
                         "numbers the family file holds (every method of it), run nothing, and say what changed")
     parser.add_argument("--app", type=Path, default=Path("."))
+    parser.add_argument("--allow-dirty", action="store_true", help="tune from a tree with uncommitted changes (to try "
+                        "things: each record's commit then says +changes)")
     args = parser.parse_args(argv)
     preset = load_preset(args.preset)
     check_validation(preset, str(args.preset))
     preset["name"] = args.preset.stem
     code = provenance.stamp()
-    preset["made"] = {"commit": provenance.tree_commit()}
     family_file = tuned_path(args.preset, preset)
     records = read_family(family_file)
     if args.rechoose:
@@ -409,6 +412,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{family_file}: {len(changed)} of {len(records)} choices changed", flush=True)
         return 0
     out = (args.app / preset["compare"].get("output", f"results/compare/{args.preset.stem}")).resolve()
+    # the family file is this command's own output (a grid resumed after a cut-off finds it uncommitted), like docs/
+    own = provenance.OUTPUTS + (os.path.relpath(family_file.resolve(), provenance.ROOT.resolve()),)
+    try:
+        provenance.guard(out, args.allow_dirty, outputs=own)
+    except provenance.DirtyTree as err:
+        raise SystemExit(f"{args.preset}: {err}") from None
+    preset["made"] = {"commit": provenance.tree_commit(outputs=own)}
     wanted = set(args.methods.split(",")) if args.methods else None
     tuned_now: set[str] = set()
     for method, entry in method_rows(preset).items():

@@ -42,16 +42,16 @@ def commit(root: Path | None = None) -> str:
         return "unknown"
 
 
-def uncommitted(root: Path | None = None) -> list[str]:
-    """Paths with uncommitted changes (modified, staged or untracked and not ignored), the builders' own
-    outputs (docs/, README.md) left out."""
+def uncommitted(root: Path | None = None, outputs: tuple[str, ...] = OUTPUTS) -> list[str]:
+    """Paths with uncommitted changes (modified, staged or untracked and not ignored), the builder's own
+    ``outputs`` (path prefixes; by default docs/ and README.md) left out."""
     root = root or ROOT
     try:
         lines = _git("status", "--porcelain", "--untracked-files=all", root=root).splitlines()
     except (OSError, subprocess.CalledProcessError):
         return ["(not a git checkout)"]
     paths = [line[3:].split(" -> ")[-1].strip('"') for line in lines if line.strip()]
-    return [p for p in paths if not p.startswith(OUTPUTS)]
+    return [p for p in paths if not p.startswith(outputs)]
 
 
 def source_hash(root: Path | None = None) -> str:
@@ -83,9 +83,9 @@ def benchmark_command(module: str, argv: list[str] | None) -> str:
     return " ".join(part for part in (threads, command_line(module, argv)) if part)
 
 
-def tree_commit(root: Path | None = None) -> str:
-    """HEAD's short hash, "+changes" where the tree has uncommitted changes (outside the builders' outputs)."""
-    return commit(root) + ("+changes" if uncommitted(root) else "")
+def tree_commit(root: Path | None = None, outputs: tuple[str, ...] = OUTPUTS) -> str:
+    """HEAD's short hash, "+changes" where the tree has uncommitted changes (outside the builder's ``outputs``)."""
+    return commit(root) + ("+changes" if uncommitted(root, outputs) else "")
 
 
 def made_by(module: str, argv: list[str] | None, root: Path | None = None) -> str:
@@ -104,13 +104,13 @@ def writes_docs(out: Path, root: Path | None = None) -> bool:
         return False
 
 
-def guard(out: Path, allow_dirty: bool, root: Path | None = None) -> bool:
-    """Refuse (``DirtyTree``) to write a docs/ table from an uncommitted tree unless ``allow_dirty``; returns
-    whether the table is made from uncommitted code (then it says so in bold)."""
+def guard(out: Path, allow_dirty: bool, root: Path | None = None, outputs: tuple[str, ...] = OUTPUTS) -> bool:
+    """Refuse (``DirtyTree``) to write a docs/ table from an uncommitted tree (outside the builder's ``outputs``)
+    unless ``allow_dirty``; returns whether the table is made from uncommitted code (then it says so in bold)."""
     root = root or ROOT
     if not writes_docs(out, root):
-        return bool(uncommitted(root))
-    changed = uncommitted(root)
+        return bool(uncommitted(root, outputs))
+    changed = uncommitted(root, outputs)
     if changed and not allow_dirty:
         shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
         raise DirtyTree(f"refusing to write {Path(out).resolve().relative_to(root.resolve())} from a tree with "

@@ -120,6 +120,46 @@ def _preset(out: Path, methods=("fedavg", "local"), seeds=(0, 1)) -> dict:
                            "device": test_device()}}
 
 
+def test_tuning_refuses_a_dirty_tree_but_not_the_family_file_it_writes_itself(repo, monkeypatch):
+    """``benchmarks.tune`` writes docs/ and the family file every table of the family reads: from a tree with
+    uncommitted source it refuses before running anything (``--allow-dirty`` runs and says ``+changes``). The
+    family file that an earlier, cut-off call left uncommitted is its own output: a second call runs, and its
+    record names the plain commit (it said ``+changes`` before)."""
+    from benchmarks import tune
+    from fedcore import tuning_grid
+
+    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    (repo / "conf").mkdir()
+    preset = repo / "conf" / "tiny.toml"
+    preset.write_text(f'''[compare]
+methods = ["fedprox"]
+seeds = [0]
+supernodes = 3
+engine = "inprocess"
+output = "{repo / 'docs' / 'results' / 'tiny'}"
+tuned = "tuned/fam.toml"
+[run-config]
+dataset = "digits"
+model = "mlr"
+val-fraction = 0.2
+num-server-rounds = 2
+device = "{test_device()}"
+''')
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "preset")
+    family = repo / "conf" / "tuned" / "fam.toml"
+    (repo / "fedcore" / "x.py").write_text("A = 2\n")  # an uncommitted source edit
+    with pytest.raises(SystemExit, match=r"uncommitted changes \(fedcore/x\.py\).*--allow-dirty"):
+        tune.main([str(preset)])
+    assert not (repo / "docs").exists() and not family.exists()  # nothing run, nothing written
+    assert tune.main([str(preset), "--allow-dirty"]) == 0
+    assert tune.read_family(family)["fedprox"]["commit"] == provenance.commit() + "+changes"
+    _git(repo, "checkout", "fedcore/x.py")
+    assert provenance.uncommitted() == ["conf/tuned/fam.toml"]  # the first call's output, not committed yet
+    assert tune.main([str(preset), "--retune"]) == 0
+    assert tune.read_family(family)["fedprox"]["commit"] == provenance.commit()
+
+
 def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monkeypatch, capsys):
     from runner.compare import run_all
 
