@@ -670,6 +670,40 @@ def test_fesem_size_weighting_and_an_empty_centre_keeps_its_value():
     assert np.array_equal(_flat(s.centres[1]), _flat(far))
 
 
+@pytest.mark.parametrize("weighting, sizes, weights", [
+    ("uniform", (10, 20, 30), (1, 1, 1)),  # the paper's uniform mean ignores the sizes
+    ("size", (0, 0, 0), (1, 1, 1)),        # no member counts a sample: the uniform mean, not a frozen centre
+    ("size", (1, 0, 0), (1, 0, 0)),        # sizes summing to 1 are still sizes
+])
+def test_fesem_centre_is_the_members_mean_under_each_weighting_rule(weighting, sizes, weights):
+    s = _strategy("fesem", n=3, clusters=2, weighting=weighting)
+    size = sum(v.size for v in s.initial_weights.values())
+    s.centres = [_shifted(s.initial_weights, np.zeros(size)), _shifted(s.initial_weights, np.full(size, 50.0))]
+    models = _separable(s, [np.zeros(size)], per=3)
+    s.aggregate(1, [_reply(s, pid, m, n=n) for pid, (m, n) in enumerate(zip(models, sizes))])
+    w = np.array(weights, dtype=np.float64) / sum(weights)
+    assert np.allclose(_flat(s.centres[0]), sum(wi * _flat(m) for wi, m in zip(w, models)), atol=1e-6)
+
+
+def test_fesem_first_centres_are_one_em_step_from_k_of_the_round_one_models():
+    """Ten models at shifts 0..9 along one direction, K = 3, one EM step: the centres are the means of the cells
+    of some three of the models (Forgy start, then nearest-centre cells), checked against all 120 triples."""
+    from itertools import combinations
+
+    s = _strategy("fesem", n=10, clusters=3)
+    size = sum(v.size for v in s.initial_weights.values())
+    s.aggregate(1, [_reply(s, pid, _shifted(s.initial_weights, np.full(size, float(pid)))) for pid in range(10)])
+    base = _flat(s.initial_weights)
+    got = sorted(float(np.mean(_flat(c) - base)) for c in s.centres)
+    shifts = np.arange(10.0)
+
+    def one_step(start):
+        cell = np.argmin((shifts[:, None] - shifts[list(start)][None, :]) ** 2, axis=1)
+        return sorted(float(shifts[cell == c].mean()) for c in range(3))
+
+    assert any(np.allclose(got, one_step(t), atol=1e-4) for t in combinations(range(10), 3))
+
+
 def test_fesem_first_centres_are_k_distinct_models_and_unassigned_clients_get_the_nearest_to_the_start():
     s = _strategy("fesem", n=5, clusters=2, **{"em-steps": 3})
     first = _messages(s, 1)
@@ -727,12 +761,13 @@ def test_fesem_client_lambda_adds_the_proximal_pull_to_the_centre(tmp_path):
     assert moved[1] < 0.5 * moved[0]
 
 
-def test_fesem_client_two_full_batch_steps_follow_ce_plus_lambda_over_2_times_the_distance_to_the_centre(tmp_path):
+@pytest.mark.parametrize("lam", [1.0, 4.0])
+def test_fesem_client_two_full_batch_steps_follow_ce_plus_lambda_over_2_times_the_distance_to_the_centre(tmp_path, lam):
     """Two full-batch SGD steps from the centre c (the first has no pull, as w = c):
     w <- w - eta (grad CE(w) + lambda (w - c)), by autograd on the written-out objective."""
     from clients.fesem import FeSEMClient
 
-    lam, eta = 4.0, 0.1
+    eta = 0.1
     client = FeSEMClient(_env(tmp_path, "fesem", RecordDict(), **{"local-steps": 2, "batch-size": 100000, "lr": eta,
                                                                    "fesem.lambda": lam}))
     centre = _random_model(client, 6)
