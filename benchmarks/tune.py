@@ -414,11 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.app / preset["compare"].get("output", f"results/compare/{args.preset.stem}")).resolve()
     # the family file is this command's own output (a grid resumed after a cut-off finds it uncommitted), like docs/
     own = provenance.OUTPUTS + (os.path.relpath(family_file.resolve(), provenance.ROOT.resolve()),)
-    try:
-        provenance.guard(out, args.allow_dirty, outputs=own)
-    except provenance.DirtyTree as err:
-        raise SystemExit(f"{args.preset}: {err}") from None
-    preset["made"] = {"commit": provenance.tree_commit(outputs=own)}
+    dirty = provenance.guard(out, args.allow_dirty, outputs=own)  # DirtyTree (a SystemExit) unless allowed
+    preset["made"] = {"commit": provenance.commit() + ("+changes" if dirty else "")}
     wanted = set(args.methods.split(",")) if args.methods else None
     tuned_now: set[str] = set()
     for method, entry in method_rows(preset).items():

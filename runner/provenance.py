@@ -83,9 +83,9 @@ def benchmark_command(module: str, argv: list[str] | None) -> str:
     return " ".join(part for part in (threads, command_line(module, argv)) if part)
 
 
-def tree_commit(root: Path | None = None, outputs: tuple[str, ...] = OUTPUTS) -> str:
-    """HEAD's short hash, "+changes" where the tree has uncommitted changes (outside the builder's ``outputs``)."""
-    return commit(root) + ("+changes" if uncommitted(root, outputs) else "")
+def tree_commit(root: Path | None = None) -> str:
+    """HEAD's short hash, "+changes" where the tree has uncommitted changes (outside the builders' outputs)."""
+    return commit(root) + ("+changes" if uncommitted(root) else "")
 
 
 def made_by(module: str, argv: list[str] | None, root: Path | None = None) -> str:
