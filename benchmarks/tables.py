@@ -40,6 +40,8 @@ BENCHMARKS = {
     "deployed-round": ["-m", "benchmarks.deployed_round", "--supernodes", "2,4", "--out", "docs/results/deployed-round"],
     "fedsac-self-weight": ["-m", "benchmarks.fedsac_self_weight", "--rounds", "20", "--out",
                            "docs/results/fedsac-self-weight"],
+    "peravg-test-adaptation": ["-m", "benchmarks.peravg_test_adaptation", "conf/fedmcsa-fmnist-mlr.toml", "--out",
+                               "docs/results/peravg-test-adaptation"],
 }
 
 # presets whose folder holds more than the comparison writes (a grid's ranking, a traffic table): the module that
