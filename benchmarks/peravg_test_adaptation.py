@@ -11,7 +11,8 @@ no adaptation; ours (one alpha step on a training batch); one alpha step on a te
 training batches (pFedMe's steps without the test data); pFedMe's code (alpha then beta on two test batches).
 Each adaptation batch is a draw of ``batch-size`` samples, the same draws for every way that uses that split,
 ``--draws`` of them per client. Writes ``<out>/table.md`` (full command and commit on its first line; a table under
-docs/ only from committed code, ``runner.provenance.guard``) and the run under ``<out>/runs``:
+docs/ only from committed code, ``runner.provenance.guard``), ``<out>/scores.csv`` (every client's accuracy for each
+draw and way) and the run's ``rounds.csv`` beside it, and the run under ``<out>/runs``:
 
     python -m benchmarks.peravg_test_adaptation conf/fedmcsa-fmnist-mlr.toml --out docs/results/peravg-test-adaptation
 """
@@ -19,6 +20,8 @@ docs/ only from committed code, ``runner.provenance.guard``) and the run under `
 from __future__ import annotations
 
 import argparse
+import csv
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -71,8 +74,6 @@ def score_client(client, content, alpha: float, beta: float, draws: int) -> np.n
 
 def recorded_accuracy(run_dir: Path, server_round: int) -> str:
     """The run's own client-mean accuracy at ``server_round`` in %, "not evaluated" where it has none."""
-    import csv
-
     for row in csv.DictReader(open(run_dir / "rounds.csv")):
         if int(row["round"]) == server_round and row["acc_client_mean"]:
             return f"{100 * float(row['acc_client_mean']):.2f}"
@@ -140,6 +141,12 @@ def main(argv: list[str] | None = None) -> None:
                      f"{100 * (means[:, k] - means[:, 1]).mean():+.2f} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    with open(args.out / "scores.csv", "w", newline="") as f:  # the per-client data behind the table
+        writer = csv.writer(f)
+        writer.writerow(["partition_id", "draw", "scoring", "test_acc"])
+        writer.writerows([pid, d, way, f"{acc[pid, d, k]:.6f}"] for pid in range(num_clients)
+                         for d in range(args.draws) for k, way in enumerate(WAYS))
+    shutil.copyfile(Path(summary["results_dir"]) / "rounds.csv", args.out / "rounds.csv")
     print("\n".join(lines))
 
 

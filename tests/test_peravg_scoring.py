@@ -44,3 +44,5 @@ def test_ours_repeats_the_runs_own_evaluation_and_the_other_ways_differ(tmp_path
             if line.startswith("| ") and not line.startswith("| scoring")}
     assert len(rows) == len(peravg_test_adaptation.WAYS)
     assert len(set(rows.values())) == len(rows)  # five ways, five different scores on this seed
+    lines = (out / "scores.csv").read_text().splitlines()
+    assert len(lines) == 1 + 3 * 2 * len(peravg_test_adaptation.WAYS)  # clients x draws x ways
