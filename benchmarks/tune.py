@@ -36,10 +36,14 @@ from fedcore.tuning_grid import COMMON_KEYS, MAX_SETTINGS, ROUNDS_FRACTION, SELE
 
 
 def tuned_path(preset_path: Path, preset: dict) -> Path:
-    """The family file the preset reads (``[compare] tuned``) or, by default, ``tuned/<dataset>-<partition>.toml``
-    beside it."""
-    name = preset["compare"].get("tuned", f"tuned/{family(preset.get('run-config', {}))}.toml")
-    return Path(preset_path).parent / name
+    """The family file the preset reads (``[compare] tuned``) or, by default, ``<dataset>-<partition>.toml`` in the
+    ``tuned/`` folder of the ``conf/`` the preset lies in (at any depth: conf/mupfl-paper/x.toml shares conf/tuned
+    with conf/x.toml), else beside the preset."""
+    folder = Path(preset_path).parent
+    if "tuned" in preset["compare"]:
+        return folder / preset["compare"]["tuned"]
+    conf = next((d for d in (folder, *folder.parents) if d.name == "conf"), folder)
+    return conf / "tuned" / f"{family(preset.get('run-config', {}))}.toml"
 
 
 def tuning_budget(preset: dict) -> int:

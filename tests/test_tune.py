@@ -109,6 +109,12 @@ def test_budget_is_half_the_rounds_and_the_family_is_dataset_and_partition(tmp_p
     assert tune.tuning_budget({"run-config": {"num-server-rounds": 1}}) == 1
     preset = {"compare": {}, "run-config": {"dataset": "mnist5k", "partition": "dirichlet"}}
     assert tune.tuned_path(tmp_path / "x.toml", preset) == tmp_path / "tuned" / "mnist5k-dirichlet.toml"
+    # a preset in a subfolder of conf/ shares conf/tuned with the others
+    conf = tmp_path / "conf"
+    assert tune.tuned_path(conf / "x.toml", preset) == conf / "tuned" / "mnist5k-dirichlet.toml"
+    assert tune.tuned_path(conf / "paper" / "x.toml", preset) == conf / "tuned" / "mnist5k-dirichlet.toml"
+    named = {**preset, "compare": {"tuned": "../tuned/other.toml"}}
+    assert tune.tuned_path(conf / "paper" / "x.toml", named) == conf / "paper" / ".." / "tuned" / "other.toml"
 
 
 def test_two_presets_of_one_family_tuned_at_once_keep_each_others_choices(tmp_path):
