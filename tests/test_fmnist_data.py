@@ -145,7 +145,8 @@ def test_the_real_debian_package(monkeypatch):
 
 # ---------------------------------------------------------------- the papers' Fashion-MNIST presets
 FMNIST_PRESETS = ("fedmcsa-fmnist-mlr", "fedmcsa-fmnist-dnn", "fedfcd-fmnist-pathological", "fedfcd-fmnist-dirichlet",
-                  "mupfl-paper/fmnist-if10-a0.5", "mupfl-paper/fmnist-if100-a0.5", "pfedpm-fmnist-n4",
+                  "mupfl-paper/fmnist-if10-a0.5", "mupfl-paper/fmnist-if100-a0.5", "mupfl-paper/fmnist-if10-a1.0",
+                  "mupfl-paper/fmnist-if100-a1.0", "pfedpm-fmnist-n4",
                   "fedsac-fmnist-dir-high")
 
 
@@ -189,11 +190,12 @@ def test_fmnist_presets_are_the_papers_settings():
         assert set(p["paper"]["values"]) | {"local", "fedper", "fedrep", "fedrod"} == set(p["compare"]["methods"])
         assert (p["compare"]["supernodes"], p["run-config"]["fraction-train"], p["run-config"]["model"],
                 p["method-config"]["fedfcd"]["fedfcd.lambda"]) == (20, 1.0, "dnn", 1.0)
-    for imb in (10, 100):
-        p = load(f"mupfl-paper/fmnist-if{imb}-a0.5")
+    for imb, alpha in ((10, 0.5), (100, 0.5), (10, 1.0), (100, 1.0)):
+        p = load(f"mupfl-paper/fmnist-if{imb}-a{alpha}")
         r = p["run-config"]
         assert (p["compare"]["supernodes"], r["fraction-train"], r["model"], r["longtail-dirichlet.alpha"],
-                r["longtail-dirichlet.imbalance-factor"], r["num-server-rounds"]) == (50, 0.2, "mupflcnn", 0.5, imb, 40)
+                r["longtail-dirichlet.imbalance-factor"], r["num-server-rounds"]) == (50, 0.2, "mupflcnn", alpha, imb, 40)
+        assert p["paper"]["source"] == [f"mupfl/table2-fmnist-if{imb}-a{alpha}"]
         assert set(p["paper"]["values"]) == {"fedavg", "fedprox", "fednova", "ditto", "fedrep", "creff", "mupfl"}
         assert set(p["paper"]["values"]) <= set(p["compare"]["methods"])
     assert len(load("mupfl-paper/fmnist-if10-a0.5")["compare"]["methods"]) == 13  # + Table VI's six ablations
