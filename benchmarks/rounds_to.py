@@ -36,12 +36,12 @@ def rounds_to_marks(folder: Path, marks: list[float], column: str = "acc_weighte
 
 def render(found: dict[str, dict], marks: list[float], column: str) -> str:
     """One markdown row per label: the rounds of each seed at each mark ("-" where a seed never reached it)."""
-    seeds = next(iter(found.values()))["seeds"] if found else []
-    head = "| method | " + " | ".join(f"rounds to {100 * m:g}% (seeds {', '.join(map(str, seeds))})" for m in marks)
-    lines = [f"Column `{column}`; the first evaluated round at or above each mark, per seed; - = not reached.", "",
-             head + " |", "|---|" + "---|" * len(marks)]
+    head = "| method | seeds | " + " | ".join(f"rounds to {100 * m:g}%" for m in marks)
+    lines = [f"Column `{column}`; the first evaluated round at or above each mark, seed by seed in the order of the "
+             "seeds column; - = not reached.", "", head + " |", "|---|---|" + "---|" * len(marks)]
     for label, entry in found.items():
-        cells = [" / ".join("-" if r is None else str(r) for r in entry[m]) for m in marks]
+        cells = [" / ".join(map(str, entry["seeds"]))] + [" / ".join("-" if r is None else str(r) for r in entry[m])
+                                                          for m in marks]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -30,8 +30,8 @@ def test_first_round_at_or_above_each_mark_per_seed_in_the_tables_order(tmp_path
     assert rounds_to_marks(tmp_path, [0.78], "acc_client_mean")["zeta"][0.78] == [None, 3]  # seed 0 tops at 0.75
     main([str(tmp_path), "--marks", "80,90"])
     out = capsys.readouterr().out
-    assert "| zeta | 1 / 3 | - / 3 |" in out and "| alpha | - / 1 | - / 1 |" in out
-    assert "rounds to 80% (seeds 0, 1)" in render(found, [0.8, 0.9], "acc_weighted")
+    assert "| zeta | 0 / 1 | 1 / 3 | - / 3 |" in out and "| alpha | 0 / 1 | - / 1 | - / 1 |" in out
+    assert "| method | seeds | rounds to 80% | rounds to 90% |" in render(found, [0.8, 0.9], "acc_weighted")
 
 
 def test_bad_input_is_refused(tmp_path):
