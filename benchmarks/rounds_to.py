@@ -40,9 +40,9 @@ def render(found: dict[str, dict], marks: list[float], column: str) -> str:
     lines = [f"Column `{column}`; the first evaluated round at or above each mark, seed by seed in the order of the "
              "seeds column; - = not reached.", "", head + " |", "|---|---|" + "---|" * len(marks)]
     for label, entry in found.items():
-        cells = [" / ".join(map(str, entry["seeds"]))] + [" / ".join("-" if r is None else str(r) for r in entry[m])
-                                                          for m in marks]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        seeds = " / ".join(map(str, entry["seeds"]))
+        per_mark = [" / ".join("-" if r is None else str(r) for r in entry[m]) for m in marks]
+        lines.append(f"| {label} | {seeds} | " + " | ".join(per_mark) + " |")
     return "\n".join(lines)
 
 
