@@ -320,6 +320,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     preset["made"].update({"commit": code["commit"], "source_hash": code["source_hash"],
                                           "dirty": dirty, "commits": {c: sorted(r) for c, r in commits.items()}})
     preset["std"] = "sample"
+    spec["seeds"] = list(seeds)  # the seeds asked for (--seeds too): rows with fewer are labelled, rerender reads it
     run_data.write(out, [run_data.collect(Path(s["results_dir"]), e.label, s["seed"], code)
                          for e in rows_of if e.runs_of is None for s in results[e.label]])
     progress.stop()

@@ -117,6 +117,13 @@ def test_table_only_tables_the_finished_runs_and_names_the_missing(tmp_path):
     assert "| local | " in table and "| fedavg (1 seed) | " in table
     assert "Not run (1): fedavg seed 1" in table
 
+    # seeds asked for on the command line (--seeds) are the ones a row is labelled against and preset.json records
+    preset["compare"]["seeds"] = [0]
+    run_all(preset, tmp_path, seeds=[0, 1], table_only=True)
+    table = (out / "table.md").read_text()
+    assert "| local | " in table and "| fedavg (1 seed) | " in table
+    assert json.loads((out / "preset.json").read_text())["compare"]["seeds"] == [0, 1]
+
 
 def test_readme_tables_are_copied_from_their_files_and_checked(tmp_path, capsys):
     from benchmarks.readme_tables import ROOT, main, markdown_files, rebuild
