@@ -21,8 +21,9 @@ resumed run repeats the uninterrupted one bit for bit, and its provenance names 
 
 A table under docs/ is made from committed code only (``--allow-dirty`` to try things; the table then says so in
 bold). Each run folder records its commit, a hash of the source packages and its resolved config
-(``runner.provenance``); ``--reuse`` keeps a completed run in ``runs/`` only while both still match, and says
-how many it kept and from which commits; the table lists the commits its runs came from. ± is the sample std over
+(``runner.provenance``); ``--reuse`` keeps a completed run in ``runs/`` only while both still match (where its
+folder is gone, its record in the committed ``runs.json.gz`` on the same terms), and says how many it kept and
+from which commits; the table lists the commits its runs came from. ± is the sample std over
 seeds; the paper method's row is compared with every other row seed by seed (``runner.stats``).
 
 Preset format::
@@ -198,18 +199,43 @@ def finished_run(config: dict, code: dict) -> tuple[dict | None, str]:
     return (summary, "") if keep else (None, why)
 
 
+def committed_run(record: dict | None, config: dict, code: dict) -> tuple[dict | None, str]:
+    """The summary of a completed run kept in the table's committed per-run data (``runs.json.gz``) whose folder
+    is not here (a fresh clone or machine), on the terms of ``finished_run``: this source hash and config. A
+    table too long for one sitting so grows across machines: each sitting commits the runs it finished."""
+    if record is None:
+        return None, "not finished"
+    if record.get("status") != "completed":
+        return None, "not completed"
+    keep, why = provenance.matches(record, config, code)
+    return ({**run_data.summary(record), "_record": record}, "") if keep else (None, why)
+
+
+def _committed_records(out: Path) -> dict[tuple[str, int], dict]:
+    """The output folder's committed per-run data by (run label, seed); none where there is no such file."""
+    if not (out / run_data.FILE).exists():
+        return {}
+    return {(r["label"], r["seed"]): r for r in run_data.load(out)}
+
+
 def _reuse(preset: dict, jobs: list, out: Path, code: dict, results: dict, commits: dict) -> list:
-    """Keep the finished runs that still match (source and config); say how many and from which commits."""
+    """Keep the finished runs that still match (source and config), from their folders or, where a folder is
+    not here, from the committed per-run data; say how many and from which commits."""
     left, dropped = [], {}
+    committed = _committed_records(out)
     for entry, seed in jobs:
-        summary, why = finished_run(run_config(preset, entry, seed, out), code)
+        config = run_config(preset, entry, seed, out)
+        summary, why = finished_run(config, code)
+        if summary is None and why == "not finished":
+            summary, why = committed_run(committed.get((entry.label, seed)), config, code)
         if summary is None:
             left.append((entry, seed))
             if why not in ("not finished", "not completed"):
                 dropped[why] = dropped.get(why, 0) + 1
             continue
         results[entry.label].append(summary)
-        commits.setdefault(provenance.read(Path(summary["results_dir"]))["commit"], []).append(f"{entry.label}-s{seed}")
+        commit = summary["commit"] if "_record" in summary else provenance.read(Path(summary["results_dir"]))["commit"]
+        commits.setdefault(commit, []).append(f"{entry.label}-s{seed}")
     kept = sum(len(v) for v in commits.values())
     origin = ", ".join(f"{c} ({len(v)})" for c, v in sorted(commits.items())) or "-"
     redo = "; ".join(f"{n} not kept: {why}" for why, n in sorted(dropped.items()))
@@ -321,7 +347,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                                           "dirty": dirty, "commits": {c: sorted(r) for c, r in commits.items()}})
     preset["std"] = "sample"
     spec["seeds"] = list(seeds)  # the seeds asked for (--seeds too): rows with fewer are labelled, rerender reads it
-    run_data.write(out, [run_data.collect(Path(s["results_dir"]), e.label, s["seed"], code)
+    run_data.write(out, [s.get("_record") or run_data.collect(Path(s["results_dir"]), e.label, s["seed"], code)
                          for e in rows_of if e.runs_of is None for s in results[e.label]])
     progress.stop()
     write_table(table_rows(rows_of, results, preset), out, preset, failures)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runner import run_data
+
 STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 # the headline per paper metric, then its best-of-test stand-in where there is no validation split
@@ -85,6 +87,20 @@ def _read_curve(path: Path, column: str) -> dict[int, float]:
         return {int(r["round"]): float(r[column]) for r in csv.DictReader(f) if r.get(column) not in (None, "")}
 
 
+def _record_curve(record: dict, column: str) -> dict[int, float]:
+    """A run's curve from its entry in the committed per-run data (its evaluated rounds)."""
+    series = record["rounds"]
+    return {int(r): float(v) for r, v in zip(series["round"], series.get(column, [])) if v is not None}
+
+
+def _completed_summary(folder: Path) -> dict | None:
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("status") == "completed" else None
+
+
 def headline_base(preset: dict) -> str:
     paper = preset.get("paper") or {}
     return HEADLINES.get(paper.get("metric"), "test_acc_at_best_val")
@@ -92,28 +108,28 @@ def headline_base(preset: dict) -> str:
 
 def collect(out: Path, preset: dict, labels: list[str] | None = None, seeds: list[int] | None = None
             ) -> tuple[list[Method], str]:
-    """Every method's curves and headline values from ``out/runs``; the summary key used (best-of-test
-    if some run has no validation split)."""
+    """Every method's curves and headline values from ``out/runs`` (a run whose folder is not here: from the
+    committed per-run data); the summary key used (best-of-test if some run has no validation split)."""
     labels = labels or preset["compare"]["methods"]
     seeds = seeds if seeds is not None else preset["compare"].get("seeds", [0])
     variants = preset.get("variants", {})
     base = headline_base(preset)
     methods, summaries = [], {}
+    records = {(r["label"], r["seed"]): r for r in run_data.load(out)} if (out / run_data.FILE).exists() else {}
     for label in labels:
         variant = variants.get(label, {})
         run_label, column = variant.get("runs-of", label), variant.get("accuracy") or "acc_weighted"
         curves, found = [], []
         for seed in seeds:
             folder = out / "runs" / f"{run_label}-s{seed}"
-            if (folder / "rounds.csv").exists():
-                curve = _read_curve(folder / "rounds.csv", column)
-                if curve:
-                    curves.append(curve)
-            try:
-                summary = json.loads((folder / "summary.json").read_text())
-            except (OSError, ValueError):
-                continue
-            if summary.get("status") == "completed":
+            summary, record = _completed_summary(folder), records.get((run_label, seed))
+            if summary is None and record is not None and record.get("status") == "completed":
+                summary, curve = run_data.summary(record), _record_curve(record, column)  # the folder is not here
+            else:
+                curve = _read_curve(folder / "rounds.csv", column) if (folder / "rounds.csv").exists() else {}
+            if curve:
+                curves.append(curve)
+            if summary is not None:
                 found.append(summary)
         summaries[label] = (found, column)
         methods.append(Method(label, run_label, column, curves, np.array([])))

@@ -207,7 +207,12 @@ def _config_differs(saved: dict, config: dict) -> bool:
 def reusable(folder: Path, config: dict, code: dict) -> tuple[bool, str]:
     """Whether a finished run may be kept: its provenance exists, its source hash is ``code``'s and its
     resolved config holds every key of ``config`` with the same value. Returns (keep, reason if not)."""
-    saved = read(folder)
+    return matches(read(folder), config, code)
+
+
+def matches(saved: dict | None, config: dict, code: dict) -> tuple[bool, str]:
+    """Whether a run's saved record (its folder's provenance, or its entry in a table's committed per-run data)
+    was made by ``code``'s source with ``config``. Returns (keep, reason if not)."""
     if saved is None:
         return False, "no provenance record"
     if saved.get("source_hash") != code["source_hash"]:

@@ -182,6 +182,39 @@ def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monk
     assert "1 not kept: config changed" in capsys.readouterr().out
 
 
+def test_reuse_takes_a_run_from_the_committed_per_run_data_when_its_folder_is_gone(tmp_path, capsys):
+    """A fresh clone has the table's runs.json.gz but no runs/: --reuse keeps each committed run made by this
+    source with this config (no run is made again), the table and its figures come out the same, and a record
+    of other source is run again."""
+    import shutil
+
+    from runner.compare import run_all
+
+    out = tmp_path / "cmp"
+    run_all(_preset(out), ROOT)
+    table, records = (out / "table.md").read_text(), run_data.load(out)
+    shutil.rmtree(out / "runs")
+    (out / "curves.png").unlink()
+    capsys.readouterr()
+    run_all(_preset(out), ROOT, reuse=True)
+    assert f"reuse: kept 4 of 4 runs, from commits {provenance.commit()} (4)" in capsys.readouterr().out
+    assert not any((out / "runs").iterdir())  # nothing ran
+    assert (out / "table.md").read_text() == table and run_data.load(out) == records
+    assert (out / "curves.png").exists()
+
+    edited = [{**r, "source_hash": "edited"} if r["label"] == "local" and r["seed"] == 1 else r for r in records]
+    run_data.write(out, edited)
+    run_all(_preset(out), ROOT, reuse=True)
+    said = capsys.readouterr().out
+    assert f"reuse: kept 3 of 4 runs, from commits {provenance.commit()} (3); 1 not kept: source changed" in said
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["local-s1"]  # the one run again
+
+    def untimed(runs):
+        return [{k: v for k, v in r.items() if k != "wall_s_per_round"} for r in runs]
+
+    assert untimed(run_data.load(out)) == untimed(records)  # and it repeats the committed run's numbers
+
+
 def _cut_off_in_round_2(preset: dict, out: Path, code: dict) -> None:
     """Begin fedavg seed 0 of ``preset`` as its comparison job does and stop it in round 2, after round 1's
     checkpoint."""
