@@ -211,18 +211,11 @@ def committed_run(record: dict | None, config: dict, code: dict) -> tuple[dict |
     return ({**run_data.summary(record), "_record": record}, "") if keep else (None, why)
 
 
-def _committed_records(out: Path) -> dict[tuple[str, int], dict]:
-    """The output folder's committed per-run data by (run label, seed); none where there is no such file."""
-    if not (out / run_data.FILE).exists():
-        return {}
-    return {(r["label"], r["seed"]): r for r in run_data.load(out)}
-
-
 def _reuse(preset: dict, jobs: list, out: Path, code: dict, results: dict, commits: dict) -> list:
     """Keep the finished runs that still match (source and config), from their folders or, where a folder is
     not here, from the committed per-run data; say how many and from which commits."""
     left, dropped = [], {}
-    committed = _committed_records(out)
+    committed = run_data.by_run(out)
     for entry, seed in jobs:
         config = run_config(preset, entry, seed, out)
         summary, why = finished_run(config, code)

@@ -115,7 +115,7 @@ def collect(out: Path, preset: dict, labels: list[str] | None = None, seeds: lis
     variants = preset.get("variants", {})
     base = headline_base(preset)
     methods, summaries = [], {}
-    records = {(r["label"], r["seed"]): r for r in run_data.load(out)} if (out / run_data.FILE).exists() else {}
+    records = run_data.by_run(out)
     for label in labels:
         variant = variants.get(label, {})
         run_label, column = variant.get("runs-of", label), variant.get("accuracy") or "acc_weighted"

@@ -73,6 +73,11 @@ def load(out: Path) -> list[dict]:
         return json.load(f)
 
 
+def by_run(out: Path) -> dict[tuple[str, int], dict]:
+    """``out``'s per-run data by (run label, seed); none where the folder has no such file."""
+    return {(r["label"], r["seed"]): r for r in load(out)} if (Path(out) / FILE).exists() else {}
+
+
 def evaluated_rows(run: dict) -> list[dict]:
     """The run's evaluated rounds as rounds.csv rows (None where a column had no value that round)."""
     series = run["rounds"]
