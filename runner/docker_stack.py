@@ -6,7 +6,8 @@ Steps: find a docker engine (``DOCKER_HOST`` or the default socket), or start ou
 root on a private socket with bridge addresses from 198.18.0.0/15 only (``--bip``,
 ``--default-address-pool``), stopped again at the end by its pid; pick the images (the official
 ``flwr/*`` of the pinned version if present, else the local base from docker/build-local-base.sh,
-built on first use); ``docker-compose up`` (with ``--tls``: certificates and SuperNode keys from
+built on first use); remove what a stack killed before its ``down`` left on our subnet;
+``docker-compose up`` (with ``--tls``: certificates and SuperNode keys from
 ``server_app.certs``, the SuperLink first, each SuperNode key registered with ``flwr supernode
 register``, then the rest); ``flwr run`` against the published SuperLink and judge it by ``flwr ls``;
 copy the results out; ``docker-compose down`` (containers, network; images are kept).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +97,49 @@ def image_env(env: dict, images: str) -> dict:
     return {"SUPERLINK_IMAGE": LOCAL_BASE, "SUPERNODE_IMAGE": LOCAL_BASE, "BASE_IMAGE": LOCAL_BASE}
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_stale_stacks(env: dict, subnet: str, own_project: str) -> list[str]:
+    """Remove the stacks that hold ``subnet`` and whose process is gone, and return their project names.
+
+    A stack killed before ``down`` (its process and engine killed) leaves its containers and network in
+    the engine's data root; the next engine restores them, and our ``up`` then fails with "Pool overlaps
+    with other one on this address space". A network on ``subnet`` that is not a stack of ours, or a
+    stack whose process (the pid in its project name) still runs, is an error that names it."""
+    names = _docker("network", "ls", "--format", "{{.Name}}", env=env).stdout.split()
+    removed = []
+    for name in names:
+        info = _docker("network", "inspect", name, "--format",
+                       '{{index .Labels "com.docker.compose.project"}}|{{range .IPAM.Config}}{{.Subnet}} {{end}}',
+                       env=env).stdout.strip()
+        project, _, subnets = info.partition("|")
+        if subnet not in subnets.split() or project == own_project:
+            continue
+        owner = re.fullmatch(r"pfl-(?:plain|tls)-(\d+)", project)
+        if owner is None or _alive(int(owner.group(1))):
+            raise RuntimeError(f"docker network {name} (compose project {project or 'none'}) holds {subnet}, which "
+                               f"this stack needs; " + ("it is not one of ours" if owner is None else
+                                                        f"its process {owner.group(1)} still runs") +
+                               f": remove it with `docker network rm {name}` once it is no longer used")
+        containers = _docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={project}",
+                             env=env).stdout.split()
+        if containers:
+            _docker("rm", "-f", *containers, env=env)
+        _docker("network", "rm", name, env=env)
+        print(f"removed compose project {project}, left by a run that was killed before its `down` "
+              f"({len(containers)} containers and network {name} on {subnet})", flush=True)
+        removed.append(project)
+    return removed
+
+
 class ComposeStack:
     """One compose project (plain or TLS) under ``workdir``; ``down`` removes its containers."""
 
@@ -121,6 +166,7 @@ class ComposeStack:
         self.results.mkdir(parents=True, exist_ok=True)
         _share_with_app_user(self.results, writable=True)
         self.compose("build")
+        clear_stale_stacks(self.env, SUBNETS[self.tls], self.project)
         if self.tls:
             certs.make_all(self.certs_dir, 2, ["superlink", "localhost", "127.0.0.1"])
             _share_with_app_user(self.certs_dir, writable=False, keep=("ca.key",))  # no container reads it

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -78,13 +79,34 @@ def test_supernodes_on_network_namespaces(tmp_path):
     assert f"pfl{os.getpid() % 100000}-" not in namespaces, namespaces
 
 
-def test_docker_compose_stack(tmp_path):
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_docker_compose_stack(tmp_path, monkeypatch, capsys):
+    """Also: a network left by a stack that was killed before its ``down`` (its process gone, its engine
+    killed, the network restored by the next engine) holds the stack's subnet; the run removes it and goes on."""
     env = dict(os.environ)
     engine_before = docker_stack.engine_answers(env)
     if not engine_before:
         _need_root("starting a docker engine")
         _need_commands("dockerd", "docker", "docker-compose", "debootstrap")
-    result = docker_stack.run_stack(_config(tmp_path), tls=False, workdir=tmp_path / "stack", timeout=480)
+    (tmp_path / "stack").mkdir()
+    with ExitStack() as engine:
+        env = docker_stack.docker_engine(engine, tmp_path / "stack")  # ours, or the one that answered
+        if "DOCKER_HOST" in env:
+            monkeypatch.setenv("DOCKER_HOST", env["DOCKER_HOST"])
+        docker_stack.clear_stale_stacks(env, docker_stack.SUBNETS[False], "")  # what earlier runs left here
+        stale = f"pfl-plain-{_dead_pid()}"
+        subprocess.run(["docker", "network", "create", "--subnet", docker_stack.SUBNETS[False], "--label",
+                        f"com.docker.compose.project={stale}", f"{stale}_default"], env=env, check=True)
+        result = docker_stack.run_stack(_config(tmp_path), tls=False, workdir=tmp_path / "stack", timeout=480)
+        networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], env=env, text=True,
+                                  capture_output=True, check=True).stdout.split()
+        assert f"{stale}_default" not in networks, networks
+        assert f"removed compose project {stale}" in capsys.readouterr().out
     _assert_completed_and_nothing_left(result, tmp_path)  # dockerd, containerd and the shims ran under tmp_path
     assert (tmp_path / "stack" / "results" / "smoke" / "rounds.csv").exists()
     if engine_before:  # the engine was someone else's: only the stack's containers must be gone
