@@ -146,7 +146,7 @@ def test_the_real_debian_package(monkeypatch):
 # ---------------------------------------------------------------- the papers' Fashion-MNIST presets
 FMNIST_PRESETS = ("fedmcsa-fmnist-mlr", "fedmcsa-fmnist-dnn", "fedfcd-fmnist-pathological", "fedfcd-fmnist-dirichlet",
                   "mupfl-paper/fmnist-if10-a0.5", "mupfl-paper/fmnist-if100-a0.5", "mupfl-paper/fmnist-if10-a1.0",
-                  "mupfl-paper/fmnist-if100-a1.0", "pfedpm-fmnist-n4",
+                  "mupfl-paper/fmnist-if100-a1.0", "mupfl-paper/fmnist-if10-a0.5-ablation", "pfedpm-fmnist-n4",
                   "fedsac-fmnist-dir-high")
 
 
@@ -198,6 +198,17 @@ def test_fmnist_presets_are_the_papers_settings():
         assert p["paper"]["source"] == [f"mupfl/table2-fmnist-if{imb}-a{alpha}"]
         assert set(p["paper"]["values"]) == {"fedavg", "fedprox", "fednova", "ditto", "fedrep", "creff", "mupfl"}
         assert set(p["paper"]["values"]) <= set(p["compare"]["methods"])
-    assert len(load("mupfl-paper/fmnist-if10-a0.5")["compare"]["methods"]) == 13  # + Table VI's six ablations
+    # Table VI's ablation: MuPFL and its six one-module-on / one-module-off variants, on Table II's IF = 10 settings
+    table2, table6 = load("mupfl-paper/fmnist-if10-a0.5"), load("mupfl-paper/fmnist-if10-a0.5-ablation")
+    assert table6["run-config"] == table2["run-config"] and table6["compare"]["seeds"] == table2["compare"]["seeds"]
+    assert table6["compare"]["tuned"] == table2["compare"]["tuned"]
+    modules = {"bavd", "acmu", "pkcf"}
+    switched_off = {label: {k.removeprefix("mupfl.") for k, v in table6["variants"][label].items() if v is False}
+                    for label in table6["compare"]["methods"][1:]}
+    assert table6["compare"]["methods"][0] == "mupfl" and all(
+        table6["variants"][label]["method"] == "mupfl" for label in switched_off)
+    assert sorted(map(sorted, switched_off.values())) == sorted(
+        [sorted(modules - {m}) for m in modules] + [[m] for m in modules])  # each module alone, and each one left out
+    assert table6["paper"]["source"] == ["mupfl/table6-fmnist-if10-a0.5"]
     assert load("pfedpm-fmnist-n4")["run-config"]["pfedpm-nk.n"] == 4
     assert load("fedsac-fmnist-dir-high")["run-config"]["dirichlet.alpha"] == 0.1
