@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from datetime import datetime
 from pathlib import Path
 
 from runner import certs
@@ -97,14 +98,29 @@ def image_env(env: dict, images: str) -> dict:
     return {"SUPERLINK_IMAGE": LOCAL_BASE, "SUPERNODE_IMAGE": LOCAL_BASE, "BASE_IMAGE": LOCAL_BASE}
 
 
-def _alive(pid: int) -> bool:
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, from /proc), or None where there is none."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in clock ticks
+
+
+def _owner_runs(pid: int, network_created: str) -> bool:
+    """Whether the stack process ``pid`` still runs: a process of that pid that started before the network was
+    created (a pid reused since, or any process on a machine restored after it, is not the owner)."""
+    started = _process_start(pid)
+    if started is None:
         return False
-    except PermissionError:
-        return True
-    return True
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", network_created.strip().strip('"')).replace("Z", "+00:00")
+    try:
+        created = datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return True  # unknown creation time: a live pid may be the owner, so leave its stack alone
+    return started <= created + 1.0
 
 
 def clear_stale_stacks(env: dict, subnet: str, own_project: str) -> list[str]:
@@ -118,13 +134,13 @@ def clear_stale_stacks(env: dict, subnet: str, own_project: str) -> list[str]:
     removed = []
     for name in names:
         info = _docker("network", "inspect", name, "--format",
-                       '{{index .Labels "com.docker.compose.project"}}|{{range .IPAM.Config}}{{.Subnet}} {{end}}',
-                       env=env).stdout.strip()
-        project, _, subnets = info.partition("|")
+                       '{{index .Labels "com.docker.compose.project"}}|{{json .Created}}|'
+                       '{{range .IPAM.Config}}{{.Subnet}} {{end}}', env=env).stdout.strip()
+        project, created, subnets = info.split("|", 2)
         if subnet not in subnets.split() or project == own_project:
             continue
         owner = re.fullmatch(r"pfl-(?:plain|tls)-(\d+)", project)
-        if owner is None or _alive(int(owner.group(1))):
+        if owner is None or _owner_runs(int(owner.group(1)), created):
             raise RuntimeError(f"docker network {name} (compose project {project or 'none'}) holds {subnet}, which "
                                f"this stack needs; " + ("it is not one of ours" if owner is None else
                                                         f"its process {owner.group(1)} still runs") +
