@@ -100,11 +100,13 @@ def image_env(env: dict, images: str) -> dict:
 
 def _process_start(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch, from /proc), or None where there is none."""
+    fields = fc._stat_fields(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                     if line.startswith("btime "))
     except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    if len(fields) < 20:
         return None
     return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in clock ticks
 
