@@ -3,7 +3,9 @@
 For each table whose preset has a paper method's own row, one line: the paper method against the best baseline of
 the same table, in the table's headline metric (``compare.headline_key``: the test accuracy at the round best on
 validation, in the paper's metric where the preset has the paper's numbers, else weighted; else the final round's
-weighted accuracy, never a best-of-test number). The difference carries the table's paired 95% t-interval over
+weighted accuracy, never a best-of-test number). A table still being filled over several sittings (its table.md
+says "Not run (...)" for a paper method or a baseline) is left out: a best baseline among the rows run so far is no
+comparison; not-run ablation rows (a method's own variants) do not count. The difference carries the table's paired 95% t-interval over
 seeds and reads "tie" where it covers 0 (``runner.stats``). The paper's gain comes from the paper's own table
 (docs/papers/numbers, ``benchmarks.paper_numbers``): its method minus the best baseline of that table column, on
 the paper's dataset, which the cell names.
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from benchmarks import paper_numbers
 from runner import stats
-from runner.compare import PAPER_METHODS, headline_key, read_table_csv
+from runner.compare import PAPER_METHODS, _footer_failures, headline_key, read_table_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 # tables that are not accuracy comparisons of a paper's setting
@@ -36,10 +38,17 @@ def _baselines() -> set[str]:
     return set(REGISTRY) - set(PAPER_METHODS) - {"majority"}
 
 
+def incomplete(folder: Path) -> bool:
+    """Whether a paper method's or a baseline's runs of the table in ``folder`` are not all made yet."""
+    compared = set(PAPER_METHODS) | _baselines()
+    not_run = [f.removesuffix(": not run") for f in _footer_failures(folder / "table.md") if f.endswith(": not run")]
+    return any(run.rsplit(" seed ", 1)[0] in compared for run in not_run)
+
+
 def summary_rows(results: Path = ROOT / "docs" / "results") -> list[dict]:
     rows, baselines = [], _baselines()
     for folder in sorted(p.parent for p in results.glob("*/table.csv") if (p.parent / "preset.json").exists()):
-        if folder.name in LEFT_OUT:
+        if folder.name in LEFT_OUT or incomplete(folder):
             continue
         preset = json.loads((folder / "preset.json").read_text())
         table = {r["method"]: r for r in read_table_csv(folder / "table.csv")}

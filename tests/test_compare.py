@@ -285,3 +285,20 @@ def test_the_summary_difference_carries_the_tables_paired_interval_and_says_tie(
     (row,) = summary_rows(tmp_path)
     assert (row["metric"], row["ours"], row["base"]) == ("test_client_acc_mean_at_best_val", 0.86, 0.88)
     assert row["paired"]["tie"] and "| -2.00 [-5.00, +1.00] tie |" in render([row])
+
+
+def test_the_summary_leaves_out_a_table_whose_runs_are_not_all_made(tmp_path):
+    """A table committed part-way through (its records kept across sittings) has no best baseline yet."""
+    from benchmarks.summary import summary_rows
+
+    folder = tmp_path / "x-table"
+    folder.mkdir()
+    (folder / "preset.json").write_text(json.dumps({"compare": {"methods": ["fedsac", "fedavg", "local"]}}))
+    (folder / "table.csv").write_text("method,final_acc,final_acc_std,seeds\nfedsac,0.90,0.01,3\nfedavg,0.80,0.01,3\n")
+    (folder / "table.md").write_text("| method |\n\nNot run (3): local seed 0; local seed 1; local seed 2\n")
+    assert summary_rows(tmp_path) == []
+    (folder / "table.md").write_text("| method |\n\nNot run (1): fedsac-no-graph seed 0\n")  # an ablation row
+    assert [r["baseline"] for r in summary_rows(tmp_path)] == ["fedavg"]
+    (folder / "table.md").write_text("| method |\n\nFailed runs: local seed 0: crashed\n")  # run, and failed: shown
+    (row,) = summary_rows(tmp_path)
+    assert (row["method"], row["baseline"]) == ("fedsac", "fedavg")
