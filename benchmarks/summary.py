@@ -38,9 +38,8 @@ def _baselines() -> set[str]:
     return set(REGISTRY) - set(PAPER_METHODS) - {"majority"}
 
 
-def incomplete(folder: Path) -> bool:
-    """Whether a paper method's or a baseline's runs of the table in ``folder`` are not all made yet."""
-    compared = set(PAPER_METHODS) | _baselines()
+def incomplete(folder: Path, compared: set[str]) -> bool:
+    """Whether runs of a ``compared`` row (paper method or baseline) of the table in ``folder`` are not all made."""
     not_run = [f.removesuffix(": not run") for f in _footer_failures(folder / "table.md") if f.endswith(": not run")]
     return any(run.rsplit(" seed ", 1)[0] in compared for run in not_run)
 
@@ -48,7 +47,7 @@ def incomplete(folder: Path) -> bool:
 def summary_rows(results: Path = ROOT / "docs" / "results") -> list[dict]:
     rows, baselines = [], _baselines()
     for folder in sorted(p.parent for p in results.glob("*/table.csv") if (p.parent / "preset.json").exists()):
-        if folder.name in LEFT_OUT or incomplete(folder):
+        if folder.name in LEFT_OUT or incomplete(folder, set(PAPER_METHODS) | baselines):
             continue
         preset = json.loads((folder / "preset.json").read_text())
         table = {r["method"]: r for r in read_table_csv(folder / "table.csv")}
