@@ -46,8 +46,9 @@ def incomplete(folder: Path, compared: set[str]) -> bool:
 
 def summary_rows(results: Path = ROOT / "docs" / "results") -> list[dict]:
     rows, baselines = [], _baselines()
+    compared = set(PAPER_METHODS) | baselines
     for folder in sorted(p.parent for p in results.glob("*/table.csv") if (p.parent / "preset.json").exists()):
-        if folder.name in LEFT_OUT or incomplete(folder, set(PAPER_METHODS) | baselines):
+        if folder.name in LEFT_OUT or incomplete(folder, compared):
             continue
         preset = json.loads((folder / "preset.json").read_text())
         table = {r["method"]: r for r in read_table_csv(folder / "table.csv")}
