@@ -23,7 +23,8 @@ A table under docs/ is made from committed code only (``--allow-dirty`` to try t
 bold). Each run folder records its commit, a hash of the source packages and its resolved config
 (``runner.provenance``); ``--reuse`` keeps a completed run in ``runs/`` only while both still match (where its
 folder is gone, its record in the committed ``runs.json.gz`` on the same terms), and says how many it kept and
-from which commits; the table lists the commits its runs came from. ± is the sample std over
+from which commits; the table lists the commits its runs came from. ``--table-only --runs-source HASH`` tables
+the committed runs of an earlier source hash instead (seeds added later at the runs' own commit). ± is the sample std over
 seeds; the paper method's row is compared with every other row seed by seed (``runner.stats``).
 
 Preset format::
@@ -264,11 +265,17 @@ def _resumable(preset: dict, jobs: list, out: Path, code: dict) -> set:
 
 
 def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds: list[int] | None = None,
-            reuse: bool = False, table_only: bool = False, allow_dirty: bool = False, resume: bool = False) -> Path:
+            reuse: bool = False, table_only: bool = False, allow_dirty: bool = False, resume: bool = False,
+            runs_source: str | None = None) -> Path:
     """Run the preset's (label, seed) jobs and write the table. ``reuse`` keeps finished runs; ``resume`` also
     continues the cut-off ones from their checkpoints where they began under the same source and config;
     ``table_only`` runs nothing and tables the finished runs there are (rows name their seed count).
+    ``runs_source`` (with ``table_only``): table the runs made under that earlier source hash instead of the
+    current one, so seeds added later at the runs' own commit join a table whose runs' code has since moved on.
     A table under docs/ needs a clean tree unless ``allow_dirty`` (``provenance.guard``)."""
+    if runs_source and not table_only:
+        raise SystemExit("--runs-source tables runs made earlier: it needs --table-only (runs are made by the "
+                         "current source only)")
     spec = preset["compare"]
     rows_of = entries(preset, labels)
     seeds = seeds if seeds is not None else spec.get("seeds", [0])
@@ -280,8 +287,9 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     planned = len(jobs)
     results: dict[str, list[dict]] = {e.label: [] for e in rows_of}
     commits: dict[str, list[str]] = {}  # commit -> the runs ("label-s<seed>") made there
+    runs_code = {**code, "source_hash": runs_source} if runs_source else code
     if reuse or table_only or resume:
-        jobs = _reuse(preset, jobs, out, code, results, commits)
+        jobs = _reuse(preset, jobs, out, runs_code, results, commits)
     resumed = _resumable(preset, jobs, out, code) if resume and not table_only else set()
     failures = []
     if table_only:
@@ -336,8 +344,10 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                               gpus_per_client=spec.get("gpus-per-client"), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
     preset.setdefault("made", {}).setdefault("command", "server_app.compare.run_all (called from Python)")
-    preset["made"].update({"commit": code["commit"], "source_hash": code["source_hash"],
+    preset["made"].update({"commit": code["commit"], "source_hash": runs_code["source_hash"],
                                           "dirty": dirty, "commits": {c: sorted(r) for c, r in commits.items()}})
+    if runs_source:
+        preset["made"]["table_source_hash"] = code["source_hash"]
     preset["std"] = "sample"
     spec["seeds"] = list(seeds)  # the seeds asked for (--seeds too): rows with fewer are labelled, rerender reads it
     run_data.write(out, [s.get("_record") or run_data.collect(Path(s["results_dir"]), e.label, s["seed"], code)
@@ -505,7 +515,9 @@ def made_line(preset: dict) -> str:
     if "commits" in made:
         line += " " + provenance.commits_line(made["commits"])
         if made.get("source_hash"):  # --reuse keeps only runs whose source hash is the current one
-            line += f" Every run has source hash `{made['source_hash']}` (sha256 of the source packages)."
+            line += f" Every run has source hash `{made['source_hash']}` (sha256 of the source packages)" + (
+                f"; the table's own code has `{made['table_source_hash']}` (tabled with --runs-source)."
+                if made.get("table_source_hash") else ".")
     else:
         line += " The runs' own commits were not recorded (run folders did not record them then)."
     if made.get("dirty"):
@@ -734,6 +746,8 @@ def main(argv: list[str] | None = None) -> int:
                              "last checkpoint instead of starting it over")
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: table the completed runs there are, with each row's number of seeds")
+    parser.add_argument("--runs-source", metavar="HASH",
+                        help="with --table-only: table the committed runs made under this earlier source hash")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write a docs/ table from uncommitted code (to try things: the table says so in bold)")
     parser.add_argument("--tracker", help="run-config tracker of every run (tensorboard, wandb): grouped by the preset")
@@ -751,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse, table_only=args.table_only,
-            allow_dirty=args.allow_dirty, resume=args.resume)
+            allow_dirty=args.allow_dirty, resume=args.resume, runs_source=args.runs_source)
     return 0
 
 

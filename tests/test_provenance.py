@@ -215,6 +215,42 @@ def test_reuse_takes_a_run_from_the_committed_per_run_data_when_its_folder_is_go
     assert untimed(run_data.load(out)) == untimed(records)  # and it repeats the committed run's numbers
 
 
+def test_table_only_tables_runs_of_an_earlier_source_only_when_named(tmp_path, capsys):
+    """Seeds added later at the runs' own (older) commit join the committed table: --table-only keeps only runs of
+    the current source, --runs-source HASH tables those of HASH (and only those) with the same numbers, and the
+    Made-by line names both hashes. Without --table-only it is refused: runs are made by the current source."""
+    import shutil
+
+    from runner.compare import made_line, run_all
+
+    out = tmp_path / "cmp"
+    run_all(_preset(out), ROOT)
+    table, records = (out / "table.csv").read_text(), run_data.load(out)
+    current = records[0]["source_hash"]
+    older = [{**r, "source_hash": "0ld50urce"} for r in records]  # as if made before the code moved on
+    mixed = older[:-1] + records[-1:]  # one run of the current source beside three of the older one
+    shutil.rmtree(out / "runs")
+    capsys.readouterr()
+    run_data.write(out, mixed)
+    run_all(_preset(out), ROOT, table_only=True)
+    assert "reuse: kept 1 of 4 runs" in capsys.readouterr().out  # the current source's run only
+    run_data.write(out, mixed)  # (a table-only call keeps only the runs it tabled)
+    run_all(_preset(out), ROOT, table_only=True, runs_source="0ld50urce")
+    said = capsys.readouterr().out
+    assert "reuse: kept 3 of 4 runs" in said and "1 not kept: source changed" in said  # the current one is not HASH
+    last = records[-1]
+    assert f"Not run (1): {last['label']} seed {last['seed']}" in (out / "table.md").read_text()
+    run_data.write(out, older)
+    run_all(_preset(out), ROOT, table_only=True, runs_source="0ld50urce")
+    assert (out / "table.csv").read_text() == table  # the same numbers as when the runs were made
+    made = json.loads((out / "preset.json").read_text())
+    line = made_line(made)
+    assert "Every run has source hash `0ld50urce`" in line and f"the table's own code has `{current}`" in line
+    assert not any((out / "runs").iterdir())  # nothing ran
+    with pytest.raises(SystemExit, match="--runs-source .* needs --table-only"):
+        run_all(_preset(out), ROOT, reuse=True, runs_source="0ld50urce")
+
+
 def _cut_off_in_round_2(preset: dict, out: Path, code: dict) -> None:
     """Begin fedavg seed 0 of ``preset`` as its comparison job does and stop it in round 2, after round 1's
     checkpoint."""
