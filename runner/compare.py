@@ -24,8 +24,8 @@ bold). Each run folder records its commit, a hash of the source packages and its
 (``runner.provenance``); ``--reuse`` keeps a completed run in ``runs/`` only while both still match (where its
 folder is gone, its record in the committed ``runs.json.gz`` on the same terms), and says how many it kept and
 from which commits; the table lists the commits its runs came from. ``--table-only --runs-source HASH`` tables
-the committed runs of an earlier source hash instead (seeds added later at the runs' own commit). ± is the sample std over
-seeds; the paper method's row is compared with every other row seed by seed (``runner.stats``).
+the committed runs of an earlier source hash instead (seeds added later at the runs' own commit). ± is the sample
+std over seeds; the paper method's row is compared with every other row seed by seed (``runner.stats``).
 
 Preset format::
 
@@ -514,7 +514,7 @@ def made_line(preset: dict) -> str:
         f"; re-rendered from table.csv at `{made['rerendered']}`." if made.get("rerendered") else ".")
     if "commits" in made:
         line += " " + provenance.commits_line(made["commits"])
-        if made.get("source_hash"):  # --reuse keeps only runs whose source hash is the current one
+        if made.get("source_hash"):  # --reuse keeps only runs of the current source hash (or --runs-source's)
             line += f" Every run has source hash `{made['source_hash']}` (sha256 of the source packages)" + (
                 f"; the table's own code has `{made['table_source_hash']}` (tabled with --runs-source)."
                 if made.get("table_source_hash") else ".")
