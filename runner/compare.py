@@ -290,6 +290,10 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     runs_code = {**code, "source_hash": runs_source} if runs_source else code
     if reuse or table_only or resume:
         jobs = _reuse(preset, jobs, out, runs_code, results, commits)
+    if runs_source and not commits:  # a mistyped hash would table nothing over the committed table: refuse
+        found = sorted({r.get("source_hash") for r in run_data.by_run(out).values()} - {None})
+        raise SystemExit(f"--runs-source {runs_source}: no finished run of {out} has that source hash and this "
+                         f"preset's config (its committed runs have: {', '.join(found) or 'none'}); nothing written")
     resumed = _resumable(preset, jobs, out, code) if resume and not table_only else set()
     failures = []
     if table_only:

@@ -218,7 +218,8 @@ def test_reuse_takes_a_run_from_the_committed_per_run_data_when_its_folder_is_go
 def test_table_only_tables_runs_of_an_earlier_source_only_when_named(tmp_path, capsys):
     """Seeds added later at the runs' own (older) commit join the committed table: --table-only keeps only runs of
     the current source, --runs-source HASH tables those of HASH (and only those) with the same numbers, and the
-    Made-by line names both hashes. Without --table-only it is refused: runs are made by the current source."""
+    Made-by line names both hashes. Without --table-only it is refused (runs are made by the current source), and
+    so is a hash no run has, before anything is written."""
     import shutil
 
     from runner.compare import made_line, run_all
@@ -249,6 +250,10 @@ def test_table_only_tables_runs_of_an_earlier_source_only_when_named(tmp_path, c
     assert not any((out / "runs").iterdir())  # nothing ran
     with pytest.raises(SystemExit, match="--runs-source .* needs --table-only"):
         run_all(_preset(out), ROOT, reuse=True, runs_source="0ld50urce")
+    committed = (out / "runs.json.gz").read_bytes()
+    with pytest.raises(SystemExit, match=r"--runs-source 0ld: no finished run .* have: 0ld50urce\); nothing written"):
+        run_all(_preset(out), ROOT, table_only=True, runs_source="0ld")  # a mistyped hash
+    assert (out / "runs.json.gz").read_bytes() == committed and (out / "table.csv").read_text() == table
 
 
 def _cut_off_in_round_2(preset: dict, out: Path, code: dict) -> None:
