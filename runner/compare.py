@@ -237,6 +237,19 @@ def _reuse(preset: dict, jobs: list, out: Path, code: dict, results: dict, commi
     return left
 
 
+def _refuse_to_drop_committed(out: Path, left: list, source_hash: str) -> None:
+    """--table-only rewrites runs.json.gz with the runs it tables: refuse, before writing, where that would drop
+    committed runs of another source hash (the runs a table was made from), and name the flag that tables them."""
+    committed = run_data.by_run(out)
+    lost = [committed[(e.label, s)] for e, s in left
+            if (e.label, s) in committed and committed[(e.label, s)].get("source_hash") != source_hash]
+    if lost:
+        hashes = sorted({str(r.get("source_hash")) for r in lost})
+        raise SystemExit(f"--table-only would drop {len(lost)} committed run(s) of {out} made under source hash "
+                         f"{', '.join(hashes)} (this tables {source_hash}'s): table them with --runs-source "
+                         f"{hashes[0]}, or run them again with --reuse; nothing written")
+
+
 def resume_point(config: dict, code: dict) -> tuple[int | None, str]:
     """The checkpoint round ``config``'s cut-off run goes on from (noted in its start record), or None and why it
     starts over (``provenance.resumable``)."""
@@ -290,6 +303,8 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
     runs_code = {**code, "source_hash": runs_source} if runs_source else code
     if reuse or table_only or resume:
         jobs = _reuse(preset, jobs, out, runs_code, results, commits)
+    if table_only:
+        _refuse_to_drop_committed(out, jobs, runs_code["source_hash"])
     if runs_source and not commits:  # a mistyped hash would table nothing over the committed table: refuse
         found = sorted({r.get("source_hash") for r in run_data.by_run(out).values()} - {None})
         raise SystemExit(f"--runs-source {runs_source}: no finished run of {out} has that source hash and this "

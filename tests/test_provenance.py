@@ -233,12 +233,14 @@ def test_table_only_tables_runs_of_an_earlier_source_only_when_named(tmp_path, c
     shutil.rmtree(out / "runs")
     capsys.readouterr()
     run_data.write(out, mixed)
-    run_all(_preset(out), ROOT, table_only=True)
-    assert "reuse: kept 1 of 4 runs" in capsys.readouterr().out  # the current source's run only
-    run_data.write(out, mixed)  # (a table-only call keeps only the runs it tabled)
+    with pytest.raises(SystemExit, match=r"would drop 3 committed run\(s\) .* table them with --runs-source 0ld50urce"):
+        run_all(_preset(out), ROOT, table_only=True)  # it would table the current source's one run only
+    with pytest.raises(SystemExit, match=rf"would drop 1 committed run\(s\) .* under source hash {current}"):
+        run_all(_preset(out), ROOT, table_only=True, runs_source="0ld50urce")
+    assert run_data.load(out) == sorted(mixed, key=lambda r: (r["label"], r["seed"]))  # nothing written
+    run_data.write(out, older[:-1])  # three runs of the older source, one seed not run
     run_all(_preset(out), ROOT, table_only=True, runs_source="0ld50urce")
-    said = capsys.readouterr().out
-    assert "reuse: kept 3 of 4 runs" in said and "1 not kept: source changed" in said  # the current one is not HASH
+    assert "reuse: kept 3 of 4 runs" in capsys.readouterr().out
     last = records[-1]
     assert f"Not run (1): {last['label']} seed {last['seed']}" in (out / "table.md").read_text()
     run_data.write(out, older)
@@ -251,9 +253,12 @@ def test_table_only_tables_runs_of_an_earlier_source_only_when_named(tmp_path, c
     with pytest.raises(SystemExit, match="--runs-source .* needs --table-only"):
         run_all(_preset(out), ROOT, reuse=True, runs_source="0ld50urce")
     committed = (out / "runs.json.gz").read_bytes()
-    with pytest.raises(SystemExit, match=r"--runs-source 0ld: no finished run .* have: 0ld50urce\); nothing written"):
+    with pytest.raises(SystemExit, match=r"would drop 4 committed run\(s\) .* --runs-source 0ld50urce"):
         run_all(_preset(out), ROOT, table_only=True, runs_source="0ld")  # a mistyped hash
     assert (out / "runs.json.gz").read_bytes() == committed and (out / "table.csv").read_text() == table
+    (out / "runs.json.gz").unlink()  # no committed run at all
+    with pytest.raises(SystemExit, match=r"--runs-source 0ld50urce: no finished run .* have: none\); nothing written"):
+        run_all(_preset(out), ROOT, table_only=True, runs_source="0ld50urce")
 
 
 def _cut_off_in_round_2(preset: dict, out: Path, code: dict) -> None:
