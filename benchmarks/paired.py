@@ -4,17 +4,21 @@
 
 A table compares its paper method with every row. An ablation's verdicts need other pairs too (what a module
 adds is the row with it minus the row without it); this prints them from the table's committed ``runs.json.gz``
-with the table's own headline metric (its ``headline.csv``) and rule (``runner.stats.paired_difference``: mean
-and 95% t-interval over the seeds both rows have; a tie where the interval covers 0), so the page cites a command.
+with the table's own headline metric (its ``headline.csv``), each row's values as the table reads them
+(``runner.compare.headline_by_seed``: a row's own accuracy column, a ``runs-of`` row's source runs; rows from its
+``preset.json``) and rule (``runner.stats.paired_difference``: mean and 95% t-interval over the seeds both rows
+have; a tie where the interval covers 0), so the page cites a command.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 from pathlib import Path
 
 from runner import run_data, stats
+from runner.compare import HEADLINE_TO_KEY, entries, headline_by_seed
 
 
 def headline_metric(folder: Path) -> str:
@@ -29,9 +33,8 @@ def headline_metric(folder: Path) -> str:
 def paired_rows(folder: Path, pairs: list[tuple[str, str]], metric: str | None = None) -> list[dict]:
     """For each (a, b): a minus b in points of ``metric`` (default: the table's headline) over their common seeds."""
     metric = metric or headline_metric(folder)
-    per_seed: dict[str, dict[int, float]] = {}
-    for label, runs in run_data.summaries(folder).items():
-        per_seed[label] = {s["seed"]: float("nan") if s.get(metric) is None else float(s[metric]) for s in runs}
+    rows_of = entries(json.loads((folder / "preset.json").read_text()))
+    per_seed = {label: v for label, v in headline_by_seed(rows_of, run_data.summaries(folder), metric).items() if v}
     missing = sorted({label for pair in pairs for label in pair} - set(per_seed))
     if missing:
         raise SystemExit(f"{folder}: no runs labelled {', '.join(missing)}; the table's run labels are "
@@ -59,12 +62,15 @@ def parse_pair(text: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="a docs/results table folder with runs.json.gz and headline.csv")
+    parser.add_argument("folder", type=Path,
+                        help="a docs/results table folder with runs.json.gz, preset.json and headline.csv")
     parser.add_argument("pairs", nargs="+", help="A:B, the row labels to subtract (A minus B)")
-    parser.add_argument("--metric", help="a run-summary key instead of the table's headline metric")
+    parser.add_argument("--metric", choices=sorted(HEADLINE_TO_KEY), help="instead of the table's headline metric")
     args = parser.parse_args(argv)
     if not (args.folder / run_data.FILE).exists():
         raise SystemExit(f"{args.folder}: no {run_data.FILE} (a table made by server_app.compare has one)")
+    if not (args.folder / "preset.json").exists():
+        raise SystemExit(f"{args.folder}: no preset.json (a table made by server_app.compare has one)")
     print(render(paired_rows(args.folder, [parse_pair(p) for p in args.pairs], args.metric)))
 
 

@@ -386,7 +386,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
 def table_rows(rows_of: list[Entry], results: dict[str, list[dict]], preset: dict) -> list[dict]:
     """The table's rows from each entry's run summaries (a ``runs-of`` row reads its source's): mean ± sample std,
     rounds to target, and the paper method's paired difference to every row (``stats.paired_difference``)."""
-    results = {e.label: results.get(e.runs_of or e.label, []) for e in rows_of}
+    by_run, results = results, {e.label: results.get(e.run_label, []) for e in rows_of}
     target = preset["compare"].get("target-acc")
     rows, by_label = [], {}
     for e in rows_of:
@@ -400,8 +400,7 @@ def table_rows(rows_of: list[Entry], results: dict[str, list[dict]], preset: dic
     focus = focus_label(preset, [r["method"] for r in rows])
     if focus is not None:
         key = headline_key(preset, rows)
-        per_seed = {label: {s["seed"]: _value(s, HEADLINE_TO_KEY[key], e.accuracy) for s in results[label]}
-                    for label, e in by_label.items()}
+        per_seed = headline_by_seed(list(by_label.values()), by_run, key)
         for row in rows:
             diff = stats.paired_difference(per_seed[focus], per_seed[row["method"]])
             row.update({"paired_vs": focus, "paired_metric": key, "diff_mean": diff["mean"], "diff_lo": diff["lo"],
@@ -411,6 +410,13 @@ def table_rows(rows_of: list[Entry], results: dict[str, list[dict]], preset: dic
 
 HEADLINE_TO_KEY = {"final_acc": "final", "test_acc_at_best_val": "at_best_val",
                    "test_client_acc_mean_at_best_val": "at_best_val_client"}
+
+
+def headline_by_seed(rows_of: list[Entry], results: dict[str, list[dict]], key: str) -> dict[str, dict[int, float]]:
+    """Each row's headline ``key`` by seed, in the row's own accuracy (a ``runs-of`` row reads its source's runs):
+    what the paired column compares, and ``benchmarks.paired`` for any two rows."""
+    return {e.label: {s["seed"]: _value(s, HEADLINE_TO_KEY[key], e.accuracy) for s in results.get(e.run_label, [])}
+            for e in rows_of}
 
 
 def _value(summary: dict, which: str, accuracy: str | None) -> float:

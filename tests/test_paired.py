@@ -1,6 +1,7 @@
 """benchmarks.paired: paired differences between any two rows of a table, read from its per-run data."""
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -19,8 +20,10 @@ def _run(label: str, seed: int, final: float) -> dict:
 
 
 def _headline(folder: Path, metric: str) -> None:
+    """The table's headline metric (headline.csv) and its rows (preset.json) beside its runs.json.gz."""
     with open(folder / "headline.csv", "w", newline="") as f:
         csv.writer(f).writerows([["method", "metric"], ["a", metric]])
+    (folder / "preset.json").write_text(json.dumps({"compare": {"methods": ["a", "b"]}}))
 
 
 def test_a_minus_b_over_common_seeds_with_a_t_interval(tmp_path, capsys):
@@ -50,6 +53,16 @@ def test_it_agrees_with_a_committed_tables_paired_column():
         assert diff["metric"] == row["paired_metric"]
         assert (diff["mean"], diff["lo"], diff["hi"]) == pytest.approx((row["diff_mean"], row["diff_lo"],
                                                                        row["diff_hi"]), abs=1e-9)
+
+
+def test_a_runs_of_row_reads_its_source_runs_in_its_own_accuracy():
+    """FedSaC-aggregated has no runs of its own (FedSaC's, scored on the aggregated model): its paired cell is the
+    table's."""
+    folder = ROOT / "docs" / "results" / "fedsac-fmnist-dir-high"
+    (row,) = [r for r in read_table_csv(folder / "table.csv") if r["method"] == "fedsac-aggregated"]
+    (diff,) = paired_rows(folder, [("fedsac", "fedsac-aggregated")])
+    assert diff["n"] == 3 and (diff["mean"], diff["lo"], diff["hi"]) == pytest.approx(
+        (row["diff_mean"], row["diff_lo"], row["diff_hi"]), abs=1e-9)
 
 
 def test_bad_input_is_refused(tmp_path):
