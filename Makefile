@@ -47,7 +47,7 @@ data:
 	  || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist)
 
 run: $(STAMP)
-	$(BIN)/python -m server_app.launch --supernodes $(CLIENTS) --run-config "val-fraction=$(VAL_FRACTION) $(RUN_CONFIG)"
+	$(BIN)/python -m runner.launch --supernodes $(CLIENTS) --run-config "val-fraction=$(VAL_FRACTION) $(RUN_CONFIG)"
 
 # the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each, on the CPU
 TEST_WORKERS ?= 2
@@ -62,14 +62,14 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(GPU_TEST_WORKERS) --device cuda tests
 
 bench: $(STAMP)
-	$(BIN)/python -m server_app.compare $(PRESET)
+	$(BIN)/python -m runner.compare $(PRESET)
 
 # one paper preset by name (conf/<P>.toml), reusing the runs it already finished and continuing the ones cut off
 # from their checkpoints: make paper P=fedsac-mnist5k-iid
 .PHONY: paper tune tables
 paper: $(STAMP)
 	@test -n "$(P)" || (echo "usage: make paper P=<preset>, one of:"; ls conf | sed -n 's/\.toml$$//p'; exit 2)
-	$(BIN)/python -m server_app.compare conf/$(P).toml --resume
+	$(BIN)/python -m runner.compare conf/$(P).toml --resume
 
 # the tuning protocol (issue #45): each method's own hyperparameters chosen on validation, once per data family
 tune: $(STAMP)
@@ -88,16 +88,16 @@ clean:
 	rm -rf $(VENV) results .pytest_cache
 
 deploy-local: $(STAMP)
-	$(BIN)/python -m server_app.deploy_local --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
+	$(BIN)/python -m runner.deploy_local --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
 	  --run-config "$(DEPLOY_CONFIG)"
 
 # a CA, the SuperLink's certificate (SANs: SUPERLINK_NAMES) and one key pair per SuperNode
 certs: $(STAMP)
-	$(BIN)/python -m server_app.certs --out $(CERTS_DIR) --supernodes $(SUPERNODES) --names "$(SUPERLINK_NAMES)"
+	$(BIN)/python -m runner.certs --out $(CERTS_DIR) --supernodes $(SUPERNODES) --names "$(SUPERLINK_NAMES)"
 
 # SuperLink and each SuperNode in a network namespace of its own (root, iproute2)
 deploy-netns: $(STAMP)
-	$(BIN)/python -m server_app.netns --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
+	$(BIN)/python -m runner.netns --supernodes $(SUPERNODES) $(if $(SECURE),--secure) --runtime $(RUNTIME) \
 	  --run-config "$(DEPLOY_CONFIG)"
 
 # Debian's docker engine and compose v1, and mmdebstrap/debootstrap for the local base image (root)
@@ -116,7 +116,7 @@ docker-base: $(STAMP)
 
 # compose stack up (its own dockerd if none runs), one run, results collected, stack down
 docker-run: $(STAMP) docker-setup
-	$(BIN)/python -m server_app.docker_stack $(if $(SECURE),--tls) --run-config "$(DOCKER_CONFIG)"
+	$(BIN)/python -m runner.docker_stack $(if $(SECURE),--tls) --run-config "$(DOCKER_CONFIG)"
 
 # every deployment test, the long ones (churn, docker compose, namespaces) included
 test-deploy: $(STAMP)

@@ -1,13 +1,13 @@
 """Every method in a real deployment: one ``flower-superlink`` and N ``flower-supernode`` processes
-per method (``server_app.deploy_local``, the project's own deployment, nothing mocked).
+per method (``runner.deploy_local``, the project's own deployment, nothing mocked).
 
     python -m benchmarks.deployed_methods --methods fedgh,cfl --supernodes 2 [--flwr-run] \\
         [--run-config "dataset='digits' num-server-rounds=2"] --out docs/results/deployed-rivals
 
-For each method, ``python -m server_app.deploy_local --supernodes N --run-config "method='X' ..."``
+For each method, ``python -m runner.deploy_local --supernodes N --run-config "method='X' ..."``
 runs as its own process: the SuperLink, the SuperNodes (fast runtime) and the run, judged as that
 command judges it (exit 0 only for a ``finished:completed`` run whose last round was evaluated).
-``--flwr-run`` adds, per method, the ``flwr run`` simulation of ``server_app.launch`` with
+``--flwr-run`` adds, per method, the ``flwr run`` simulation of ``runner.launch`` with
 ``--flwr-run-supernodes`` clients and ``--flwr-run-config`` (default: mnist5k, pathological,
 20 clients, 3 rounds). Writes ``table.md`` and ``table.csv``.
 """
@@ -114,18 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(tempfile.mkdtemp(prefix="deployed-methods-"))
     rows = []
     for method in args.methods.split(","):
-        row = {"method": method, "deployed": one_run("server_app.deploy_local", method, args.supernodes,
+        row = {"method": method, "deployed": one_run("runner.deploy_local", method, args.supernodes,
                                                      deploy_overrides, results, f"deployed-{method}")}
         print(f"deployed {method}: {row['deployed']}", flush=True)
         if args.flwr_run:
-            row["flwr_run"] = one_run("server_app.launch", method, args.flwr_run_supernodes, flwr_overrides, results,
+            row["flwr_run"] = one_run("runner.launch", method, args.flwr_run_supernodes, flwr_overrides, results,
                                       f"flwr-run-{method}")
             print(f"flwr run {method}: {row['flwr_run']}", flush=True)
         rows.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "table.csv", args.flwr_run)
-    table = format_table(rows, command("server_app.deploy_local", args.supernodes, args.run_config),
-                         command("server_app.launch", args.flwr_run_supernodes, args.flwr_run_config) if args.flwr_run
+    table = format_table(rows, command("runner.deploy_local", args.supernodes, args.run_config),
+                         command("runner.launch", args.flwr_run_supernodes, args.flwr_run_config) if args.flwr_run
                          else None, made_by, flwr_label(args.flwr_run_supernodes, flwr_overrides))
     (args.out / "table.md").write_text(table)
     print(table)

@@ -5,7 +5,7 @@
 For each number of SuperNodes, the same run config (FedAvg on mnist5k, one local epoch, evaluation
 every round, ``client-threads=1`` so that N clients share the cores alike everywhere) runs on
 
-* ``simulation``: ``flwr run`` on Flower's Ray engine (``server_app.launch``),
+* ``simulation``: ``flwr run`` on Flower's Ray engine (``runner.launch``),
 * ``deployed (Flower)``: flower-superlink + flower-supernode on loopback, Flower's commands as shipped,
 * ``deployed (fast)``: the same with ``runner.fast_runtime`` (no fixed sleeps, ClientApps forked
   from a warm SuperExec),

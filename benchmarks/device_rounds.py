@@ -4,7 +4,7 @@
 
 Each method runs with its own settings on mnist5k (pathological, evaluation every round) for every
 client count, once per device (``device='cpu'``, ``device='cuda'``), through ``flwr run`` (Ray; on
-CUDA the clients share the GPU, ``server_app.launch.gpu_share``) or, with ``--engine inprocess``,
+CUDA the clients share the GPU, ``runner.launch.gpu_share``) or, with ``--engine inprocess``,
 the in-process engine in a fresh interpreter (clients one after another). The steady round is the
 median of rounds 2..R (round 1 carries the start). Where this machine has no CUDA, the CUDA cells say
 "not yet measured: needs a GPU machine" and the CPU ones are still measured. The table is stamped with

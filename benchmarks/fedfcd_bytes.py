@@ -2,7 +2,7 @@
 
     python -m benchmarks.fedfcd_bytes conf/fedfcd-mnist5k-bytes.toml [--reuse]
 
-Runs the preset through ``server_app.compare.run_all`` (its ``table.md`` as usual), then reads each run's
+Runs the preset through ``runner.compare.run_all`` (its ``table.md`` as usual), then reads each run's
 ``rounds.csv`` and writes ``traffic.md`` beside it: bytes per training round up and down, the evaluation
 messages' bytes down per round (each client gets what it needs to evaluate: FedAvg's global model, FedFCD's global
 head), the one-off round 0, and each row's share of the FedAvg row on the same model, counting training messages

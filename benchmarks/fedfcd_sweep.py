@@ -2,9 +2,9 @@
 
     python -m benchmarks.fedfcd_sweep conf/fedfcd-mnist5k-sweep.toml [--reuse] [--table-only]
 
-The preset is a ``server_app.compare`` preset with a ``[sweep]`` table of two lists, ``lambda = [...]`` (the
+The preset is a ``runner.compare`` preset with a ``[sweep]`` table of two lists, ``lambda = [...]`` (the
 alignment weight, ``fedfcd.lambda``) and ``lr = [...]`` (the common learning rate, which FedFCD's two client stages
-use); every pair becomes a variant of fedfcd and runs through ``server_app.compare.run_all`` (its ``table.md``
+use); every pair becomes a variant of fedfcd and runs through ``runner.compare.run_all`` (its ``table.md``
 lands in the preset's output folder as usual). ``sweep.md`` beside it ranks the pairs by their best validation
 accuracy (weighted, mean over seeds) and names the chosen one; the test accuracy at the best-validation round is
 shown for information and chooses nothing.

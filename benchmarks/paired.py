@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metric", choices=sorted(HEADLINE_TO_KEY), help="instead of the table's headline metric")
     args = parser.parse_args(argv)
     if not (args.folder / run_data.FILE).exists():
-        raise SystemExit(f"{args.folder}: no {run_data.FILE} (a table made by server_app.compare has one)")
+        raise SystemExit(f"{args.folder}: no {run_data.FILE} (a table made by runner.compare has one)")
     if not (args.folder / "preset.json").exists():
-        raise SystemExit(f"{args.folder}: no preset.json (a table made by server_app.compare has one)")
+        raise SystemExit(f"{args.folder}: no preset.json (a table made by runner.compare has one)")
     print(render(paired_rows(args.folder, [parse_pair(p) for p in args.pairs], args.metric)))
 
 

@@ -2,9 +2,9 @@
 
     python -m benchmarks.pfedpm_sweep conf/pfedpm-digits-sweep.toml [--reuse]
 
-The preset is a ``server_app.compare`` preset (same run config, engine and seeds) with a ``[sweep]`` table of
+The preset is a ``runner.compare`` preset (same run config, engine and seeds) with a ``[sweep]`` table of
 lists, ``reg = [...]``, ``lambda = [...]``, ``a = [...]``; every combination becomes a variant of pfedpm and runs
-through ``server_app.compare.run_all`` (its ``table.md`` lands in the preset's output folder as usual). Then
+through ``runner.compare.run_all`` (its ``table.md`` lands in the preset's output folder as usual). Then
 ``sweep.md`` beside it ranks the combinations by their best validation accuracy (weighted, mean over seeds) and
 names the chosen one; the test accuracy at the best-validation round is shown but never used to choose.
 """

@@ -1,5 +1,5 @@
 """What a comparison preset will cost, measured before it runs: a few rounds of each of its rows, one seed,
-in process on one torch thread (what ``server_app.compare`` with ``engine = "inprocess"`` runs per job).
+in process on one torch thread (what ``runner.compare`` with ``engine = "inprocess"`` runs per job).
 
 Each row's rounds.csv gives the seconds of training (``wall_s - eval_s``) and of evaluation (``eval_s``) per
 round; the first round is left out where more than one was run (it pays for the partition cache and warm-up).
@@ -29,7 +29,7 @@ def measure_row(run_config: dict, supernodes: int, rounds: int) -> dict:
     """Run ``rounds`` rounds of one row; its mean training and evaluation seconds per round."""
     import torch
 
-    from server_app.inprocess import run_inprocess
+    from runner.inprocess import run_inprocess
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="preset-cost-") as tmp:

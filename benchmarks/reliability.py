@@ -51,9 +51,9 @@ def _overrides(config: dict) -> str:
 
 
 def _launch(config: dict, workdir: Path, kill_when: Path | None = None,
-            module: str = "server_app.launch") -> tuple[int, str]:
-    """``python -m server_app.launch`` for one run (``module``: another launcher with the same
-    ``--supernodes`` and ``--run-config``, such as ``server_app.deploy_local``); with ``kill_when``,
+            module: str = "runner.launch") -> tuple[int, str]:
+    """``python -m runner.launch`` for one run (``module``: another launcher with the same
+    ``--supernodes`` and ``--run-config``, such as ``runner.deploy_local``); with ``kill_when``,
     SIGKILL the simulation process as soon as that file (a checkpoint) exists."""
     env = {**os.environ, "TMPDIR": str(workdir), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", module, "--supernodes", str(config.pop("supernodes")),

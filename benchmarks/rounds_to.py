@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--column", default="acc_weighted", help="the rounds.csv accuracy column to read")
     args = parser.parse_args(argv)
     if not (args.folder / run_data.FILE).exists():
-        raise SystemExit(f"{args.folder}: no {run_data.FILE} (a table made by server_app.compare has one)")
+        raise SystemExit(f"{args.folder}: no {run_data.FILE} (a table made by runner.compare has one)")
     try:
         marks = [float(m) / 100 for m in args.marks.split(",")]
     except ValueError:

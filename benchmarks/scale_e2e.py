@@ -4,7 +4,7 @@ of every process of the launch and the seconds per round.
     python -m benchmarks.scale_e2e --clients 100,300,1000 --rounds 5 --fraction 0.1 [--method fedavg]
         [--out docs/results/scale-e2e]
 
-Each count is one ``python -m server_app.launch --supernodes N`` (mnist5k, its default partition, the
+Each count is one ``python -m runner.launch --supernodes N`` (mnist5k, its default partition, the
 given share of the clients training each round, every client evaluating after every round, one CPU per
 client). While it runs, the memory of its whole process tree (launcher, ``flwr`` CLI, SuperLink and
 SuperExec, Ray's head processes and client actors, ``flwr-simulation``) is sampled every 0.5 s from /proc
@@ -70,7 +70,7 @@ def measure(clients: int, rounds: int, fraction: float, method: str, workdir: Pa
             timeout: float = 3600, interval: float = 0.5, device: str = "auto") -> dict:
     """One launch of ``clients`` virtual SuperNodes, sampled while it runs; returns a table row."""
     results = workdir / "results"
-    cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", str(clients), "--cpus-per-client", "1",
+    cmd = [sys.executable, "-m", "runner.launch", "--supernodes", str(clients), "--cpus-per-client", "1",
            "--run-config", run_config(clients, rounds, fraction, method, results, device)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log_path = workdir / f"launch-{clients}.log"

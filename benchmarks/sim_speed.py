@@ -7,10 +7,10 @@ thread (the README's "Simulation speed" table; a benchmark, not a timed test).
 For each method the same run config (mnist5k, pathological, FedAvgCNN, batch 10, one local epoch,
 evaluation every round, ``client-threads=1``) runs
 
-* ``flwr run``: Flower's Ray simulation engine through ``server_app.launch`` (one CPU per client, so
+* ``flwr run``: Flower's Ray simulation engine through ``runner.launch`` (one CPU per client, so
   as many clients train at once as there are cores),
 * ``sequential``: the same ServerApp and ClientApp in one process, one client after another, one torch
-  thread (``server_app.inprocess``), in a fresh interpreter.
+  thread (``runner.inprocess``), in a fresh interpreter.
 
 Reported per method: the steady-state round (median of rounds 2..R: round 1 carries Ray's and the
 clients' start), the whole run from the command to the end (start-up included), their ratios

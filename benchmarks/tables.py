@@ -45,7 +45,7 @@ BENCHMARKS = {
 }
 
 # presets whose folder holds more than the comparison writes (a grid's ranking, a traffic table): the module that
-# runs the preset and writes those too, called with the preset and --reuse like server_app.compare
+# runs the preset and writes those too, called with the preset and --reuse like runner.compare
 BUILDERS = {
     "pfedpm-digits-sweep": "benchmarks.pfedpm_sweep",  # + the [sweep] grid's rows and sweep.md
     "fedfcd-mnist5k-sweep": "benchmarks.fedfcd_sweep",  # + the [sweep] grid's rows and sweep.md
@@ -68,7 +68,7 @@ class Preset:
     @property
     def builder(self) -> str:
         """The module that rebuilds this preset's folder."""
-        return BUILDERS.get(self.name, "server_app.compare")
+        return BUILDERS.get(self.name, "runner.compare")
 
 
 def presets(root: Path = ROOT) -> list[Preset]:
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     total, done, t0 = sum(p.runs for p in ready), 0, time.time()
     for i, p in enumerate(ready, 1):
         print(f"== {p.name} (preset {i}/{len(ready)}; runs {done}/{total} before it)", flush=True)
-        go_on = "--resume" if p.builder == "server_app.compare" else "--reuse"  # resume: cut-off runs continue
+        go_on = "--resume" if p.builder == "runner.compare" else "--reuse"  # resume: cut-off runs continue
         rc = subprocess.run([sys.executable, "-m", p.builder, str(p.path.relative_to(ROOT)), go_on,
                              *(["--allow-dirty"] if args.allow_dirty else [])],
                             cwd=ROOT, env={**os.environ, **study_env(done, total, t0)}).returncode

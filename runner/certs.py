@@ -1,7 +1,7 @@
 """Certificates and keys for a secure deployment: a CA, the SuperLink's TLS certificate, and one
 ECDSA key pair per SuperNode for Flower's SuperNode authentication.
 
-    python -m server_app.certs --out certs --supernodes 2 --names localhost,127.0.0.1,superlink
+    python -m runner.certs --out certs --supernodes 2 --names localhost,127.0.0.1,superlink
 
 writes (private keys mode 0600)::
 

@@ -13,7 +13,7 @@ budget, for each seed. Output in the preset's ``output`` folder:
 - ``runs.json.gz``: every run's per-round accuracies, per-client final accuracy and provenance
   (``runner.run_data``): the table recomputes from it, and it is committed with the table.
 
-    python -m server_app.compare conf/mnist5k-pathological.toml [--methods local,fedavg] [--seeds 0,1] [--reuse]
+    python -m runner.compare conf/mnist5k-pathological.toml [--methods local,fedavg] [--seeds 0,1] [--reuse]
 
 ``--resume`` does what ``--reuse`` does and continues each run that was cut off (its folder holds checkpoints
 and its start record, ``<run-name>.started.json``, this source hash and config) from its last checkpoint; a
@@ -60,7 +60,7 @@ Preset format::
     data = "MNIST"           # optional: the paper's data where it differs from ours (shown in the header)
     values = { fedavg = 88.1, pfedpm = 98.5 }
 
-``python -m server_app.compare --rerender docs/results/<name>`` rewrites a table.md from its table.csv and
+``python -m runner.compare --rerender docs/results/<name>`` rewrites a table.md from its table.csv and
 preset.json with the current code (a new column or header, no run). Each table says which command and commit made it.
 """
 
@@ -362,7 +362,7 @@ def run_all(preset: dict, app_dir: Path, labels: list[str] | None = None, seeds:
                               cpus_per_client=spec.get("cpus-per-client", 1),
                               gpus_per_client=spec.get("gpus-per-client"), stream=spec.get("stream", False))
             record(i, entry, seed, result, time.monotonic() - t0)
-    preset.setdefault("made", {}).setdefault("command", "server_app.compare.run_all (called from Python)")
+    preset.setdefault("made", {}).setdefault("command", "runner.compare.run_all (called from Python)")
     preset["made"].update({"commit": code["commit"], "source_hash": runs_code["source_hash"],
                                           "dirty": dirty, "commits": {c: sorted(r) for c, r in commits.items()}})
     if runs_source:
@@ -533,7 +533,7 @@ def made_line(preset: dict) -> str:
     """Which command and commit made the table and which commits its runs came from (preset.json's ``made``)."""
     made = preset.get("made")
     if not made:
-        return ("Made by `python -m server_app.compare` on runs from before commits were recorded; "
+        return ("Made by `python -m runner.compare` on runs from before commits were recorded; "
                 "the table was re-rendered from its table.csv by the current code.")
     line = f"Made by `{made['command']}` at commit `{made['commit']}`" + (
         f"; re-rendered from table.csv at `{made['rerendered']}`." if made.get("rerendered") else ".")
@@ -786,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     preset = load_preset(args.preset)
     if args.tracker:
         preset.setdefault("run-config", {})["tracker"] = args.tracker
-    preset["made"] = {"command": provenance.command_line("server_app.compare", argv)}
+    preset["made"] = {"command": provenance.command_line("runner.compare", argv)}
     labels = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     run_all(preset, args.app.resolve(), labels, seeds, reuse=args.reuse, table_only=args.table_only,

@@ -4,16 +4,16 @@ The same commands work across machines (see README "Deployment"): here every pro
 FLWR_HOME and free ports, the run is submitted with ``flwr run . <connection>`` and judged by
 ``flwr ls``, and every process is stopped at the end.
 
-* ``--secure``: a CA, a SuperLink certificate and one key pair per SuperNode (``server_app.certs``);
+* ``--secure``: a CA, a SuperLink certificate and one key pair per SuperNode (``runner.certs``);
   the SuperLink serves TLS with ``--enable-supernode-auth``, each SuperNode's public key is
   registered with ``flwr supernode register`` before it starts, and the CLI verifies the CA.
 * ``--runtime fast`` (default): SuperNodes and ClientApp SuperExecs from ``runner.fast_runtime``
   (Flower's own, without its fixed sleeps and without a cold process per message); ``--runtime
   flower`` runs Flower's commands exactly as shipped.
 * ``Host``: where a process runs (a command prefix such as ``ip netns exec <ns>`` and the address
-  others reach it by); ``server_app.netns`` puts each SuperNode on its own network host.
+  others reach it by); ``runner.netns`` puts each SuperNode on its own network host.
 
-    python -m server_app.deploy_local --supernodes 2 --secure --run-config "num-server-rounds=2 dataset='digits'"
+    python -m runner.deploy_local --supernodes 2 --secure --run-config "num-server-rounds=2 dataset='digits'"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The docker compose stack, run for real: bring it up, run a method, collect the results, take it down.
 
-    python -m server_app.docker_stack [--tls] --run-config "method='fedper' num-server-rounds=2"
+    python -m runner.docker_stack [--tls] --run-config "method='fedper' num-server-rounds=2"
 
 Steps: find a docker engine (``DOCKER_HOST`` or the default socket), or start our own ``dockerd`` as
 root on a private socket with bridge addresses from 198.18.0.0/15 only (``--bip``,
@@ -8,7 +8,7 @@ root on a private socket with bridge addresses from 198.18.0.0/15 only (``--bip`
 ``flwr/*`` of the pinned version if present, else the local base from docker/build-local-base.sh,
 built on first use); remove what a stack killed before its ``down`` left on our subnet;
 ``docker-compose up`` (with ``--tls``: certificates and SuperNode keys from
-``server_app.certs``, the SuperLink first, each SuperNode key registered with ``flwr supernode
+``runner.certs``, the SuperLink first, each SuperNode key registered with ``flwr supernode
 register``, then the rest); ``flwr run`` against the published SuperLink and judge it by ``flwr ls``;
 copy the results out; ``docker-compose down`` (containers, network; images are kept).
 """

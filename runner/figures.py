@@ -12,7 +12,7 @@
   best first, the paper's method highlighted; the paper's own numbers as diamonds, on their own axis
   where they are on other data.
 
-``python -m server_app.compare`` draws both at the end of a comparison; ``python -m runner.figures
+``python -m runner.compare`` draws both at the end of a comparison; ``python -m runner.figures
 DIR...`` redraws them from a comparison folder's preset.json and runs/.
 """
 

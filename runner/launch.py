@@ -6,7 +6,7 @@ Ray workers). This module starts a private simulation SuperLink (own FLWR_HOME a
 ``flwr run . --stream``, judges the run by ``flwr ls --format json``, stops the SuperLink, and
 prints the summary table. Exit status 0 only for ``finished:completed``.
 
-    python -m server_app.launch --supernodes 10 --run-config "method='fedavg' num-server-rounds=5"
+    python -m runner.launch --supernodes 10 --run-config "method='fedavg' num-server-rounds=5"
 
 ``--ray-address HOST:PORT`` joins an existing Ray cluster instead (docs/scale.md): no private head
 is started, and the cluster is left running.

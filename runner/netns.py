@@ -11,7 +11,7 @@ Layout (``k`` = 1..N for the SuperNodes, ``0`` for this machine, where the ``flw
 Each link is its own /30, so no bridge, no forwarding and no firewall rule is involved, and only
 addresses created here are ever used.
 
-    python -m server_app.netns --supernodes 2 [--secure] --run-config "num-server-rounds=2 dataset='digits'"
+    python -m runner.netns --supernodes 2 [--secure] --run-config "num-server-rounds=2 dataset='digits'"
 """
 
 from __future__ import annotations

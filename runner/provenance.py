@@ -5,7 +5,7 @@ A table in docs/ is made from committed code only (``guard``); each run folder r
 source hash and config still match (``reusable``), so one table cannot mix code versions without saying so.
 A job also leaves a start record beside its folder (``<run-name>.started.json``) until it completes, so that a
 run cut off by the end of a session continues from its checkpoint only under the code and config that began it
-(``resumable``; ``server_app.compare --resume``).
+(``resumable``; ``runner.compare --resume``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ServerApp: run config -> handshake with the clients -> strategy -> rounds -> results.
 
 ``run_experiment`` is the whole server side and takes any Flower ``Grid``: the real one under
-``flwr run`` / a SuperLink, or the in-process one (server_app/inprocess.py).
+``flwr run`` / a SuperLink, or the in-process one (runner/inprocess.py).
 
 One round: ``configure_train`` -> send and receive -> ``aggregate_train`` -> (every ``eval-every``
 rounds and after the last) ``configure_evaluate`` -> send and receive -> ``aggregate_evaluate``.
@@ -54,15 +54,6 @@ def _started_at() -> tuple[float, str]:
         return float(os.environ["PFL_LAUNCH_T0"]), "command start"
     except (KeyError, ValueError):
         return time.time(), "ServerApp start"
-
-
-def connect_clients(grid: Grid, cfg: Config) -> tuple[dict[int, ClientInfo], tuple[int, ...], int]:
-    """Ask every SuperNode who it is and what it holds; wait (node-wait-s) until all have answered.
-
-    Returns the clients by partition id, the input shape and the number of classes (see
-    ``server_app.nodes.Membership``: refusals, and nodes that leave and come back during the run).
-    """
-    return Membership(grid, cfg).connect()
 
 
 def _exchange(grid: Grid, msgs: list[Message], timeout: float) -> tuple[list[Message], float]:

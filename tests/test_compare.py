@@ -87,7 +87,7 @@ def test_inprocess_engine_runs_a_preset_end_to_end(tmp_path, monkeypatch, capsys
                           "output": str(tmp_path / "cmp"), "engine": "inprocess", "jobs": 2},
               "run-config": {"dataset": "digits", "num-server-rounds": 2, "node-wait-s": 0, "device": test_device()},
               "variants": {"fedavg-strong": {"method": "fedprox", "fedprox.mu": 1.0}}}
-    out = run_all(preset, ROOT)  # on CUDA its workers are spawned (server_app.inprocess.pool_context)
+    out = run_all(preset, ROOT)  # on CUDA its workers are spawned (runner.inprocess.pool_context)
     table = (out / "table.md").read_text()
     assert "| local |" in table and "| fedavg-strong |" in table and "engine inprocess" in table
     assert (out / "runs" / "fedavg-strong-s0" / "summary.json").exists()
@@ -164,7 +164,7 @@ def _result_tables():
 @pytest.mark.parametrize("table", _result_tables(), ids=lambda p: p.parent.name)
 def test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv(table):
     """A table in docs/ whose columns or headers the current code no longer writes fails here; rebuild it with
-    its preset, or `python -m server_app.compare --rerender docs/results/<name>` where only the layout changed."""
+    its preset, or `python -m runner.compare --rerender docs/results/<name>` where only the layout changed."""
     from runner.compare import _footer_failures, read_table_csv, render_table
 
     preset = json.loads((table.parent / "preset.json").read_text())
@@ -220,7 +220,7 @@ def test_make_tables_rebuilds_every_comparison_table_in_docs():
 
 def test_make_tables_rebuilds_a_grid_or_traffic_preset_with_its_own_builder():
     """A preset with a [sweep] grid, or a folder with more than the comparison writes, is rebuilt by the module
-    that writes all of it: server_app.compare alone would drop the grid's rows and sweep.md."""
+    that writes all of it: runner.compare alone would drop the grid's rows and sweep.md."""
     import importlib
     import tomllib
 
@@ -234,7 +234,7 @@ def test_make_tables_rebuilds_a_grid_or_traffic_preset_with_its_own_builder():
         # tuning.md is benchmarks.tune's (issue #45), which a table rebuild leaves alone
         extra = {f.name for f in (ROOT / p.output).glob("*.md")} - {"table.md", "tuning.md"}
         if "sweep" in tomllib.loads(p.path.read_text()) or extra:
-            assert p.builder != "server_app.compare", f"{p.name} ({sorted(extra)}) needs a builder in BUILDERS"
+            assert p.builder != "runner.compare", f"{p.name} ({sorted(extra)}) needs a builder in BUILDERS"
     sweep = found["pfedpm-digits-sweep"]
     assert sweep.runs == 36, "its 12 grid points, 3 seeds"
 

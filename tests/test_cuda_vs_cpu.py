@@ -4,7 +4,7 @@ import json
 
 from benchmarks.cuda_vs_cpu import main, parse
 
-KIT = """# dataset='digits' partition='pathological' num-server-rounds=1 device='cuda', 3 supernodes, through python3 -m server_app.launch (2026-11-27T07:19Z)
+KIT = """# dataset='digits' partition='pathological' num-server-rounds=1 device='cuda', 3 supernodes, through python3 -m runner.launch (2026-11-27T07:19Z)
 fedavg       ok             acc 0.5000  client-mean 0.4800  rounds 1  dropped 0   startup  84.1s round1  6.02s took 101s
 majority     FAIL(rc=1)     acc -       client-mean -       rounds -  dropped -   startup     -s round1     -s took 30s  | the run ended finished:failed
 cfl          NOT-RUN        (29s left in the step)

@@ -1,8 +1,8 @@
 """Deployment smoke (``make test-deploy-smoke``, CI): every way of running the project, once each.
 
-One ``flwr run`` simulation (``server_app.launch``), one SuperLink + 2 SuperNodes with TLS and
-SuperNode authentication (``server_app.deploy_local``), one run on network namespaces
-(``server_app.netns``) and one docker compose run (``server_app.docker_stack``): 2 rounds of FedAvg
+One ``flwr run`` simulation (``runner.launch``), one SuperLink + 2 SuperNodes with TLS and
+SuperNode authentication (``runner.deploy_local``), one run on network namespaces
+(``runner.netns``) and one docker compose run (``runner.docker_stack``): 2 rounds of FedAvg
 on ``digits`` each, judged by the run's status (``finished:completed``), and each must leave no
 process, namespace, container or daemon of its own behind. Marked ``smoke_deploy`` and left out of
 every other run (tests/conftest.py). Where the machine cannot give what a run needs (root, iproute2,

@@ -213,8 +213,8 @@ def test_deployed_methods_counts_a_run_complete_only_with_exit_0_and_a_summary(t
 
     from benchmarks import deployed_methods as dm
 
-    def fake_launch(config, workdir, module):  # what server_app.deploy_local leaves behind
-        assert module == "server_app.deploy_local" and config["supernodes"] == 2 and config["dataset"] == "digits"
+    def fake_launch(config, workdir, module):  # what runner.deploy_local leaves behind
+        assert module == "runner.deploy_local" and config["supernodes"] == 2 and config["dataset"] == "digits"
         if config["method"] != "no-summary":
             folder = tmp_path / config["run-name"]
             folder.mkdir()
@@ -222,11 +222,11 @@ def test_deployed_methods_counts_a_run_complete_only_with_exit_0_and_a_summary(t
         return (1 if config["method"] == "failed" else 0), "log"
 
     monkeypatch.setattr(dm, "_launch", fake_launch)
-    rows = [{"method": m, "deployed": dm.one_run("server_app.deploy_local", m, 2, {"dataset": "digits"}, tmp_path,
+    rows = [{"method": m, "deployed": dm.one_run("runner.deploy_local", m, 2, {"dataset": "digits"}, tmp_path,
                                                  f"deployed-{m}")} for m in ("ok", "failed", "no-summary")]
     assert [r["deployed"]["completed"] for r in rows] == [True, False, False]
     assert rows[1]["deployed"]["exit"] == 1 and rows[2]["deployed"]["rounds"] == 0
-    table = dm.format_table(rows, dm.command("server_app.deploy_local", 2, "dataset='digits'"), None, "Made by x")
+    table = dm.format_table(rows, dm.command("runner.deploy_local", 2, "dataset='digits'"), None, "Made by x")
     assert "| ok | yes | 0 | 2 | 50.0 |" in table and "| failed | NO | 1 | 2 | 50.0 |" in table
     assert "| no-summary | NO | 0 | 0 | - |" in table
     assert "--supernodes 2 --run-config \"method='X' dataset='digits'\"" in table

@@ -1,4 +1,4 @@
-"""The one way the project calls the Flower CLI (``server_app.flower_cli.flwr``): it must see a failure
+"""The one way the project calls the Flower CLI (``runner.flower_cli.flwr``): it must see a failure
 that the CLI reports only in its JSON (exit status 0), and one that a text command reports by its
 exit status, against a real ``flwr`` and an address where nothing listens."""
 

@@ -79,18 +79,20 @@ def test_importing_the_clientapp_and_every_client_module_loads_no_strategy_modul
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
-def test_server_app_is_the_serverapp_alone_and_its_old_tool_names_still_run_the_runners():
-    """server_app/ holds the ServerApp (round loop, nodes, checkpoints, results); the tools live in runner/, and
-    ``python -m server_app.<tool>`` (Make targets, docs, presets) resolves to runner's file, not to a copy."""
+def test_server_app_is_the_serverapp_alone_and_the_tools_answer_to_runner_only():
+    """server_app/ holds the ServerApp (round loop, nodes, checkpoints, results); the tools live in runner/ and
+    answer to ``runner.<tool>`` alone: no import hook keeps an old ``server_app.<tool>`` name alive."""
     import importlib.util
 
     import server_app
 
     assert sorted(p.stem for p in (ROOT / "server_app").glob("*.py")) == ["__init__", "app", "checkpoints", "nodes",
                                                                         "results", "tracking"]
-    for tool in server_app.TOOLS:
-        origin = Path(importlib.util.find_spec(f"server_app.{tool}").origin)
-        assert origin == ROOT / "runner" / f"{tool}.py", tool
+    assert not any(type(f).__module__.startswith("server_app") for f in sys.meta_path)
+    for tool in ("launch", "compare", "flower_cli", "deploy_local", "docker_stack", "netns", "certs"):
+        assert importlib.util.find_spec(f"runner.{tool}") is not None, tool
+        assert importlib.util.find_spec(f"server_app.{tool}") is None, tool
+    assert server_app.__doc__ and "runner" in server_app.__doc__
 
 
 def test_a_strategy_imports_its_server_libraries_when_built_not_inside_a_round():

@@ -98,7 +98,7 @@ def _flower_processes(marker: str) -> list[str]:
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 130), (signal.SIGINT, 130)])
 def test_a_signal_stops_every_process_the_launcher_started(tmp_path, sig, code):
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", "2", "--run-config",
+    cmd = [sys.executable, "-m", "runner.launch", "--supernodes", "2", "--run-config",
            f"dataset='digits' num-server-rounds=500 results-dir='{tmp_path / 'results'}' run-name='long'"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
@@ -121,7 +121,7 @@ def test_a_signal_stops_every_process_the_launcher_started(tmp_path, sig, code):
 def test_launcher_output_has_no_line_about_defaults_and_one_summary(tmp_path):
     """Only lines true for the run the user started: none of Flower's generic notes about a default
     configuration or federation size, a progress line per round with an estimate, the summary once."""
-    cmd = [sys.executable, "-m", "server_app.launch", "--supernodes", "3", "--run-config",
+    cmd = [sys.executable, "-m", "runner.launch", "--supernodes", "3", "--run-config",
            f"dataset='digits' num-server-rounds=2 results-dir='{tmp_path / 'results'}' run-name='clean'"]
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
                           text=True, timeout=600)
@@ -145,7 +145,7 @@ def _fab_contents(fab: bytes) -> dict[str, bytes]:
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pathspec's, on the pattern style Flower uses
 def test_the_staged_app_builds_the_fab_flower_builds_from_the_checkout(tmp_path):
-    """flwr run builds its FAB from a staged copy (server_app.staged_app) to skip walking .venv: the
+    """flwr run builds its FAB from a staged copy (runner.staged_app) to skip walking .venv: the
     FAB's files must be exactly those Flower's own selection takes from the checkout, byte for byte,
     with a directory that .gitignore excludes never entered."""
     import shutil

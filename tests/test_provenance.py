@@ -67,10 +67,10 @@ def test_the_resume_table_refuses_a_dirty_tree_before_it_runs_anything(repo, mon
 def test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits():
     from runner.compare import made_line
 
-    made = {"command": "python -m server_app.compare conf/x.toml --reuse --seeds 0,1", "commit": "abc1234",
+    made = {"command": "python -m runner.compare conf/x.toml --reuse --seeds 0,1", "commit": "abc1234",
             "commits": {"abc1234": ["fedavg-s0", "fedavg-s1"], "0def567": ["local-s0"]}, "dirty": True}
     line = made_line({"made": made})
-    assert "`python -m server_app.compare conf/x.toml --reuse --seeds 0,1`" in line
+    assert "`python -m runner.compare conf/x.toml --reuse --seeds 0,1`" in line
     assert "Runs from commits `0def567` (1 runs: local); `abc1234` (2 runs: fedavg)." in line
     assert "**Made from a tree with uncommitted changes (`--allow-dirty`)" in line
     assert "Runs from commit `abc1234` (2 runs)." in made_line({"made": {**made, "dirty": False,
@@ -78,8 +78,8 @@ def test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits():
 
 
 def test_the_recorded_command_is_the_full_command_line():
-    assert provenance.command_line("server_app.compare", ["conf/a b.toml", "--reuse", "--methods", "x,y"]) == \
-        "python -m server_app.compare 'conf/a b.toml' --reuse --methods x,y"
+    assert provenance.command_line("runner.compare", ["conf/a b.toml", "--reuse", "--methods", "x,y"]) == \
+        "python -m runner.compare 'conf/a b.toml' --reuse --methods x,y"
 
 
 def test_a_benchmark_table_names_its_command_thread_settings_and_commit(repo, monkeypatch):

@@ -170,10 +170,10 @@ def cluster():
 
 
 def launch_on(cluster: Cluster, results: Path, run_name: str, while_running=None) -> tuple[int, str, Path]:
-    """``python -m server_app.launch --ray-address`` on the head's host; ``while_running(run_dir)`` is
+    """``python -m runner.launch --ray-address`` on the head's host; ``while_running(run_dir)`` is
     called every 0.2 s while it runs. Returns its exit status, output and run folder."""
     config = fc.toml_overrides({**RUN, "results-dir": str(results), "run-name": run_name})
-    cmd = [*cluster.hosts.link.prefix, sys.executable, "-m", "server_app.launch", "--ray-address", cluster.address,
+    cmd = [*cluster.hosts.link.prefix, sys.executable, "-m", "runner.launch", "--ray-address", cluster.address,
            "--supernodes", str(CLIENTS), "--run-config", config]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = results / f"{run_name}.log"

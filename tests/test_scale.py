@@ -46,7 +46,7 @@ def test_the_launcher_refuses_a_huge_federation_before_anything_starts():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(mb.SKIP_ENV, None)
     t0 = time.time()
-    done = subprocess.run([sys.executable, "-m", "server_app.launch", "--supernodes", "100000000", "--app", str(ROOT),
+    done = subprocess.run([sys.executable, "-m", "runner.launch", "--supernodes", "100000000", "--app", str(ROOT),
                            "--run-config", f"method='fedavg' device='{test_device()}'"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
