@@ -3,7 +3,7 @@ validation from the same small grid, once per method and data family, by one com
 
     python -m benchmarks.tune conf/<preset>.toml [--methods fedprox,cfl] [--retune] [--jobs 2]
 
-For every method of the preset that ``fedcore.tuning_grid.GRIDS`` names and the family file does not hold yet:
+For every method of the preset whose declaration names a ``TUNING_GRID`` and the family file does not hold yet:
 run each of its settings (at most 9) once, on the preset's first seed, for ``ROUNDS_FRACTION`` of its rounds,
 with the preset's common keys and the row's own options, and keep the setting with the best validation accuracy
 (``best_val_acc``; test accuracy is never read) unless it beats the method's default by no more than noise: one

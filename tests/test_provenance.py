@@ -126,9 +126,9 @@ def test_tuning_refuses_a_dirty_tree_but_not_the_family_file_it_writes_itself(re
     family file that an earlier, cut-off call left uncommitted is its own output: a second call runs, and its
     record names the plain commit (it said ``+changes`` before)."""
     from benchmarks import tune
-    from fedcore import tuning_grid
+    from fedcore.registry import get_method
 
-    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     (repo / "conf").mkdir()
     preset = repo / "conf" / "tiny.toml"
     preset.write_text(f'''[compare]

@@ -10,15 +10,17 @@ import pytest
 
 from benchmarks import tune
 from fedcore import tuning_grid
-from fedcore.registry import get_method
+from fedcore.registry import REGISTRY, get_method
+
+TUNED = [name for name, method in REGISTRY.items() if method.tuning_grid]  # methods with a grid
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # ====================================================================== the protocol's rules
-@pytest.mark.parametrize("method", sorted(tuning_grid.GRIDS))
+@pytest.mark.parametrize("method", sorted(TUNED))
 def test_every_grid_has_at_most_9_settings_of_at_most_2_own_valid_keys_and_holds_the_default(method):
-    grid = tuning_grid.GRIDS[method]
+    grid = get_method(method).tuning_grid
     hparams = get_method(method).hparams
     assert 1 <= len(grid) <= tuning_grid.MAX_SETTINGS == 9
     names = set(itertools.chain.from_iterable(grid))
@@ -33,7 +35,7 @@ def test_every_grid_has_at_most_9_settings_of_at_most_2_own_valid_keys_and_holds
 
 
 def test_no_common_key_is_tuned_per_method():
-    for method in tuning_grid.GRIDS:
+    for method in TUNED:
         assert not set(tuning_grid.tuned_keys(method)) & set(tuning_grid.COMMON_KEYS)
 
 
@@ -183,7 +185,7 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     reuses the choice without running anything."""
     from runner.compare import entries, load_preset
 
-    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     conf, path = _preset(tmp_path)
     assert tune.main([str(path)]) == 0
     family = conf / "tuned" / "digits-pathological.toml"
@@ -233,7 +235,7 @@ def test_a_tuning_cut_off_goes_on_where_it_stopped_and_reruns_under_other_source
     from runner.compare import entries, load_preset
     from tests.conftest import begin_and_cut_off
 
-    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     conf, path = _preset(tmp_path)
     path.write_text(path.read_text().replace("num-server-rounds = 2", "num-server-rounds = 4"))  # a 2-round grid
     assert tune.main([str(path), "--methods", "fedprox"]) == 0
@@ -311,4 +313,4 @@ def test_no_row_labelled_as_its_method_overrides_the_familys_choice(preset):
     from runner.compare import load_preset
 
     own = tune.overrides(load_preset(preset))
-    assert not [o for o in own if o[0] in tuning_grid.GRIDS], own
+    assert not [o for o in own if o[0] in TUNED], own
