@@ -277,8 +277,41 @@ def check_partition(cfg: Config, num_clients: int) -> None:
     try:
         federated_data(*cfg.data_key(num_clients))
     except (PartitionError, ValueError) as err:
+        largest = largest_client_count(cfg, num_clients - 1) if cfg["partition"] != "file" else None
+        if largest is not None:
+            limit = (f" At most {largest} clients can be served with these settings (the largest count below "
+                     f"{num_clients} that splits: {largest + 1} does not).")
+        elif cfg["partition"] == "file":
+            limit = ""  # the split file fixes the client count
+        else:
+            limit = " No client count can be served with these settings."
         raise ConfigError(f"{num_clients} clients on dataset {cfg['dataset']!r}, partition {cfg['partition']!r}: "
-                          f"{err}") from None
+                          f"{err}{limit}") from None
+
+
+def largest_client_count(cfg: Config, below: int) -> int | None:
+    """The largest client count up to ``below`` whose split can be made (None: not even one client's), by
+    bisection on "fewer clients split more easily": what the refusal of a count that cannot be served names.
+    Each step builds a partition (numpy, milliseconds to a second for the retrying Dirichlet schemes)."""
+    from partitions import PartitionError, federated_data
+
+    def splits(n: int) -> bool:
+        try:
+            federated_data(*cfg.data_key(n))
+            return True
+        except (PartitionError, ValueError):
+            return False
+
+    if below < 1 or not splits(1):
+        return None
+    works, fails = 1, below + 1
+    if splits(below):
+        return below
+    fails = below
+    while fails - works > 1:
+        mid = (works + fails) // 2
+        works, fails = (mid, fails) if splits(mid) else (works, mid)
+    return works
 
 
 class Config(Mapping):
