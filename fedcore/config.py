@@ -160,9 +160,13 @@ def _common_keys() -> dict[str, Key]:
         "node-wait-s": Key(60, "seconds to wait for all SuperNodes to connect at start", low=0),
         "train-fraction": Key(0.75, "share of each client's data used for training (the rest is its test split)",
                               low=0.0, high=1.0, low_open=True, high_open=True),
-        "val-fraction": Key(0.0, "share of each client's training split held out as its validation split, on which "
-                            "the best round and tuned hyperparameters are chosen (never on test); 0 = none",
+        "val-fraction": Key(0.1, "share of each client's training split held out as its validation split, on which "
+                            "the best round and tuned hyperparameters are chosen (never on test); 0 = none (the "
+                            "report then gives the optimistic best-of-test)",
                             low=0.0, high=1.0, high_open=True),
+        "max-train-samples": Key(0, "cap on each client's training samples: a seeded, label-stratified subset of its "
+                                 "training split, taken after validation is carved (test and validation splits are "
+                                 "the same at every cap); 0 = no cap", low=0),
         "faults.share": Key(0.0, "share of clients that misbehave on purpose in each training round (testing)",
                             low=0.0, high=1.0),
         "faults.kinds": Key("raise,hang,nan,shape,missing,wrong-pid,huge,overflow",
@@ -411,6 +415,7 @@ class Config(Mapping):
             params["flwr-args"] = self["flwr-partitioner.args"]
         params["train-fraction"] = self["train-fraction"]
         params["val-fraction"] = self["val-fraction"]
+        params["max-train-samples"] = self["max-train-samples"]
         return params
 
     def data_key(self, num_clients: int) -> tuple:

@@ -154,6 +154,8 @@ device = "{test_device()}"
     assert not (repo / "docs").exists() and not family.exists()  # nothing run, nothing written
     assert tune.main([str(preset), "--allow-dirty"]) == 0
     assert tune.read_family(family)["fedprox"]["commit"] == provenance.commit() + "+changes"
+    # the dirty tree's own source hash, so a later reader can match it to a committed commit's
+    assert tune.read_family(family)["fedprox"]["source-hash"] == provenance.source_hash() != ""
     _git(repo, "checkout", "fedcore/x.py")
     assert provenance.uncommitted() == ["conf/tuned/fam.toml"]  # the first call's output, not committed yet
     assert tune.main([str(preset), "--retune"]) == 0

@@ -100,6 +100,13 @@ def test_rechoose_applies_the_rule_to_a_family_files_numbers_and_runs_nothing(tm
     assert "val-samples = " in family.read_text()
 
 
+def test_a_record_says_its_source_hash_or_that_a_dirty_tuning_must_be_redone():
+    assert tune.code_note({"commit": "abc1234", "source-hash": "0123456789abcdef"}) == ", source hash 0123456789abcdef"
+    assert "tuned again from committed code" in tune.code_note({"commit": "abc1234+changes"})
+    assert tune.code_note({"commit": "abc1234+changes", "source-hash": "0123"}) == ", source hash 0123"
+    assert tune.code_note({"commit": "abc1234"}) == ""
+
+
 def test_a_preset_without_a_validation_split_is_refused():
     with pytest.raises(SystemExit, match="val-fraction"):
         tune.check_validation({"run-config": {"dataset": "digits"}}, "p.toml")
@@ -213,7 +220,11 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     assert rows["fedprox"]["fedprox.mu"] == [0.01, 5.0][best] and rows["fedprox-wd"]["fedprox.mu"] == [0.01, 5.0][best]
     assert "fedprox.mu" not in rows["fedavg"]
     report = (tmp_path / "out" / "tuning.md").read_text()
-    assert "## fedprox" in report and "tuned by this command (seed 3, 1 of 2 rounds)" in report and "chosen" in report
+    from runner import provenance
+
+    assert rec["source-hash"] == provenance.source_hash()  # the record names the code it was tuned with
+    assert "## fedprox" in report and "chosen" in report
+    assert f"tuned by this command (seed 3, 1 of 2 rounds, source hash {provenance.source_hash()})" in report
     assert "Not tuned yet" not in report
     assert f"{100 * vals[0]:.2f}" in report and "**weight-decay** differs between rows" in report
     assert (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
@@ -223,7 +234,7 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     assert not (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
     # a reused choice names the budget it was made with (seed 3, 1 of 2 rounds), not the reading preset's
     assert "reused: tuned with preset `tiny` at commit" in (tmp_path / "out" / "tuning.md").read_text()
-    assert "(seed 3, 1 of 2 rounds)" in (tmp_path / "out" / "tuning.md").read_text()
+    assert f"(seed 3, 1 of 2 rounds, source hash {rec['source-hash']})" in (tmp_path / "out" / "tuning.md").read_text()
     assert path.read_text().count("tuned =") == 1
 
 
