@@ -74,6 +74,12 @@ TARGETS: dict[str, Target] = {
     "pfedgraph": Target(("fedstrategies/pfedgraph.py", "clients/pfedgraph.py"), ("tests/test_fedsac_pfedgraph.py",)),
     "fednova": Target(("fedstrategies/fednova.py", "clients/fednova.py", "fedcore/methods/fednova.py"),
                       ("tests/test_rivals_optim.py",)),
+    # the machinery behind every verdict: a table's statistics, best-on-validation selection, the tuning rule,
+    # provenance and per-run data, checkpoints, reply validation, the partitioners and split files, the writers
+    "stats": Target(("runner/stats.py",),
+                    ("tests/test_provenance.py::test_the_paired_t_interval_matches_a_hand_computation",
+                     "tests/test_provenance.py::test_sample_std_and_its_conversion_from_a_population_std",
+                     "tests/test_stats_rules.py")),
 }
 
 # Verdicts of mutmut 3 (`mutmut results --all true`) that count as a test catching the mutant.
