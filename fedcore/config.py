@@ -121,7 +121,14 @@ def _common_keys() -> dict[str, Key]:
         "min-replies": Key(1, "fewest valid replies a round needs to update the server state", low=1),
         "reply-norm-bound": Key(100.0, "drop a reply whose record norm exceeds this many times the round's median "
                                 "norm (or the server state's); 0 = off", low=0.0),
-        "eval-every": Key(1, "evaluate every this many rounds (and always after the last)", low=1),
+        "eval-every": Key(1, "evaluate every client every this many rounds (and always after the last)", low=1),
+        "fraction-evaluate": Key(1.0, "fraction of clients that evaluate in the rounds between the eval-every rounds "
+                                 "(Flower's fraction_evaluate; seeded by the run seed like the training sample); "
+                                 "1.0 = no evaluation between them. eval-every rounds and the last evaluate every "
+                                 "client, and only those rounds choose a run's best round", low=0.0, high=1.0,
+                                 low_open=True),
+        "min-evaluate-clients": Key(2, "fewest clients a sampled evaluation asks (Flower's min_evaluate_nodes; at most "
+                                    "all of them)", low=1),
         "results-dir": Key("results", "where runs write their results (an absolute path is safest)"),
         "run-name": Key("", "name of this run's results folder; empty = method-dataset-partition-seed-time"),
         "resume": Key(False, "continue the run in results-dir/run-name from its last checkpoint"),
@@ -154,9 +161,13 @@ def _common_keys() -> dict[str, Key]:
         "node-wait-s": Key(60, "seconds to wait for all SuperNodes to connect at start", low=0),
         "train-fraction": Key(0.75, "share of each client's data used for training (the rest is its test split)",
                               low=0.0, high=1.0, low_open=True, high_open=True),
-        "val-fraction": Key(0.0, "share of each client's training split held out as its validation split, on which "
-                            "the best round and tuned hyperparameters are chosen (never on test); 0 = none",
+        "val-fraction": Key(0.1, "share of each client's training split held out as its validation split, on which "
+                            "the best round and tuned hyperparameters are chosen (never on test); 0 = none (the "
+                            "report then gives the optimistic best-of-test)",
                             low=0.0, high=1.0, high_open=True),
+        "max-train-samples": Key(0, "cap on each client's training samples: a seeded, label-stratified subset of its "
+                                 "training split, taken after validation is carved (test and validation splits are "
+                                 "the same at every cap); 0 = no cap", low=0),
         "faults.share": Key(0.0, "share of clients that misbehave on purpose in each training round (testing)",
                             low=0.0, high=1.0),
         "faults.kinds": Key("raise,hang,nan,shape,missing,wrong-pid,huge,overflow",
@@ -246,6 +257,16 @@ def _refuse_unused_options(values: dict[str, Any], keys: dict[str, Key]) -> None
                               f"ignored; remove it or set {kind}='{section}'")
 
 
+def _check_sampled_evaluation(values: dict[str, Any]) -> None:
+    """A sampled evaluation runs in the rounds between the eval-every rounds; with eval-every = 1 there are none,
+    so a ``fraction-evaluate`` below 1 would silently change nothing: refuse it."""
+    if values["fraction-evaluate"] < 1.0 and values["eval-every"] == 1:
+        raise ConfigError(f"'fraction-evaluate' = {values['fraction-evaluate']!r} samples the evaluation of the rounds "
+                          "between the eval-every rounds, but 'eval-every' = 1 evaluates every client in every round; "
+                          "set eval-every > 1 (e.g. eval-every = 10: a sample evaluates in rounds 1-9, everyone in "
+                          "round 10 and the last) or fraction-evaluate = 1.0")
+
+
 FAULT_KINDS = ("raise", "hang", "nan", "shape", "missing", "wrong-pid", "huge", "overflow")  # clients/faults.py
 
 
@@ -293,8 +314,41 @@ def check_partition(cfg: Config, num_clients: int) -> str:
         data, splits = federated_data(*cfg.data_key(num_clients))
         return data_card(data, splits, cfg["partition"])
     except (PartitionError, ValueError) as err:
+        largest = largest_client_count(cfg, num_clients - 1) if cfg["partition"] != "file" else None
+        if largest is not None:
+            limit = (f" At most {largest} clients can be served with these settings (the largest count below "
+                     f"{num_clients} that splits: {largest + 1} does not).")
+        elif cfg["partition"] == "file":
+            limit = ""  # the split file fixes the client count
+        else:
+            limit = " No client count can be served with these settings."
         raise ConfigError(f"{num_clients} clients on dataset {cfg['dataset']!r}, partition {cfg['partition']!r}: "
-                          f"{err}") from None
+                          f"{err}{limit}") from None
+
+
+def largest_client_count(cfg: Config, below: int) -> int | None:
+    """The largest client count up to ``below`` whose split can be made (None: not even one client's), by
+    bisection on "fewer clients split more easily": what the refusal of a count that cannot be served names.
+    Each step builds a partition (numpy, milliseconds to a second for the retrying Dirichlet schemes)."""
+    from partitions import PartitionError, federated_data
+
+    def splits(n: int) -> bool:
+        try:
+            federated_data(*cfg.data_key(n))
+            return True
+        except (PartitionError, ValueError):
+            return False
+
+    if below < 1 or not splits(1):
+        return None
+    works, fails = 1, below + 1
+    if splits(below):
+        return below
+    fails = below
+    while fails - works > 1:
+        mid = (works + fails) // 2
+        works, fails = (mid, fails) if splits(mid) else (works, mid)
+    return works
 
 
 def check_model(cfg: Config, num_clients: int) -> str:
@@ -328,6 +382,7 @@ class Config(Mapping):
             )
         values = {name: key.check(name, run_config.get(name, key.default)) for name, key in keys.items()}
         _refuse_unused_options(values, keys)
+        _check_sampled_evaluation(values)
         parse_fault_kinds(values["faults.kinds"])
         parse_trackers(values["tracker"])
         values, sources = resolve_auto(values)
@@ -361,6 +416,7 @@ class Config(Mapping):
             params["flwr-args"] = self["flwr-partitioner.args"]
         params["train-fraction"] = self["train-fraction"]
         params["val-fraction"] = self["val-fraction"]
+        params["max-train-samples"] = self["max-train-samples"]
         return params
 
     def data_key(self, num_clients: int) -> tuple:
