@@ -368,15 +368,14 @@ def _load(name: str, stamp: str, options: tuple, normalize: str) -> Dataset:
     opts = dict(options)
     path = _local(kind, location)
     describe(name)
-    reader = {"folder": _read_folder, "npz": _read_npz, "csv": _read_csv}.get(kind)
-    if kind == "py":
-        x, raw_y, raw_groups, pixels = _read_py(location, opts)
-    else:
-        x, raw_y, raw_groups, pixels = reader(path, opts) if reader else _read_hf(path, location, opts)
-    if kind in ("folder", "npz", "py") and (opts["x-column"] or opts["label-column"]):
-        raise SourceError(f"dataset {name!r}: 'source.x-column' and 'source.label-column' are for csv and hf sources")
+    if kind in ("folder", "npz", "py") and (opts["x-column"] or opts["label-column"] or opts["group-column"]):
+        raise SourceError(f"dataset {name!r}: 'source.x-column', 'source.label-column' and 'source.group-column' are "
+                          f"for csv and hf sources")
     if kind != "hf" and opts["splits"]:
         raise SourceError(f"dataset {name!r}: 'source.splits' is for hf sources")
+    readers = {"folder": _read_folder, "npz": _read_npz, "csv": _read_csv,
+               "py": lambda _, o: _read_py(location, o), "hf": lambda p, o: _read_hf(p, location, o)}
+    x, raw_y, raw_groups, pixels = readers[kind](path, opts)
     where = f"dataset {name!r}"
     if x.dtype.kind not in "iufb":
         raise SourceError(f"{where}: inputs of type {x.dtype} are not numbers")

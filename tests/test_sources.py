@@ -281,3 +281,27 @@ def test_data_card_counts_every_split(tmp_path):
     ds = load(f"csv:{write_csv(tmp_path / 't.csv')}")
     splits = build_splits(ds, "iid", 3, 0, {"val-fraction": 0.2})
     assert data_card(ds, splits, "iid").endswith("3 clients, samples per client min 20 / median 20 / max 20")
+
+
+def test_data_made_in_python(tmp_path, monkeypatch):
+    (tmp_path / "mydata_py_source.py").write_text(
+        "import numpy as np\n"
+        "def make():\n    return np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20) % 2, np.arange(20) // 5\n"
+        "def wrong():\n    return [1, 2]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ds = load("py:mydata_py_source:make")
+    assert ds.x.shape == (20, 2) and ds.num_classes == 2 and len(np.unique(ds.groups)) == 4
+    with pytest.raises(SourceError, match=r"returned list; return \(x, y\) or \(x, y, groups\)"):
+        load("py:mydata_py_source:wrong")
+    with pytest.raises(SourceError, match="has no callable 'absent'"):
+        load("py:mydata_py_source:absent")
+    with pytest.raises(ConfigError, match="module 'no_such_module_x' cannot be found"):
+        check_data(Config.from_run_config({"dataset": "py:no_such_module_x:make"}))
+
+
+def test_column_options_of_another_kind_are_refused(tmp_path):
+    root = png_folder(tmp_path / "imgs", classes=2, per_class=3)
+    with pytest.raises(SourceError, match="are for csv and hf sources"):
+        load(f"folder:{root}", **{"label-column": "kind"})
+    with pytest.raises(SourceError, match="'source.splits' is for hf sources"):
+        load(f"folder:{root}", splits="train")
