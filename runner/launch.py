@@ -132,7 +132,7 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     if ray_address:
         check_cluster(ray_address)
     else:
-        check_launch(supernodes, cpus_per_client)  # NotEnoughMemory (a ConfigError) for a run that would not fit
+        check_launch(supernodes, cpus_per_client, cfg)  # NotEnoughMemory (a ConfigError): a run that would not fit
     check_partition(cfg, supernodes)  # a split the clients could not make is refused here, not in each of them
     if gpus_per_client is None:
         gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
