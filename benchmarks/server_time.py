@@ -2,7 +2,7 @@
 
 For each (method, number of clients) a fresh process builds the strategy for the CNN on 28x28
 input (10 classes, 2 classes per client), makes one round of replies with the shapes the strategy
-asks for (``reply_schema``; a strategy with exotic payloads can supply ``example_reply``), and then
+asks for (``reply_schema``; a method with exotic payloads declares an ``example_reply``), and then
 times what the server itself does in a round: ``configure_train`` + ``aggregate_train`` (validation
 included) + ``configure_evaluate`` + ``aggregate_evaluate`` (and round 0 for methods that have one).
 Building the replies (the network's job) is outside the timed part. Memory is the growth of the
@@ -77,16 +77,15 @@ def fake_reply(strategy, msg, phase: str, rng):
     initial weights (so similarities and norms are realistic)."""
     from flwr.app import Message, MetricRecord, RecordDict
 
-    from benchmarks.example_replies import EXAMPLE_REPLIES
     from fedcore import wire
+    from fedcore.registry import get_method
     from fedstrategies.base import ArraySpec
 
     pid = strategy.pid_of[msg.metadata.dst_node_id]
     records = {}
-    if hasattr(strategy, "example_reply"):
-        records = strategy.example_reply(pid, phase, rng)
-    elif type(strategy).__name__ in EXAMPLE_REPLIES:
-        records = EXAMPLE_REPLIES[type(strategy).__name__](strategy, pid, phase, rng)
+    example_reply = get_method(strategy.cfg["method"]).example_reply  # the method's declaration, if it has one
+    if example_reply is not None:
+        records = example_reply(strategy, pid, phase, rng)
     elif phase != "evaluate":
         schema = strategy.prepare_schema(pid) if phase == "prepare" else strategy.reply_schema(pid)
         for name, keys in schema.items():
@@ -100,7 +99,7 @@ def fake_reply(strategy, msg, phase: str, rng):
                 shape = spec.shape if isinstance(spec, ArraySpec) else spec
                 if shape is None:
                     raise SystemExit(f"{type(strategy).__name__}: schema {name}/{key} has no shape; "
-                                     "give the strategy an example_reply(pid, phase, rng)")
+                                     "give its declaration an example_reply(strategy, pid, phase, rng)")
                 arrays[key] = _array_for(key, shape, strategy.initial_weights.get(key), rng)
             records[name] = wire.pack_arrays(arrays)
     info = strategy.clients[pid]
