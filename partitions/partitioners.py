@@ -425,7 +425,7 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
         raise PartitionError(f"seed must be a non-negative integer, got {seed}")
     if total < 2 * n:
         raise PartitionError(f"too few samples: dataset '{dataset.name}' has {total} samples, fewer than "
-                             f"2 per client for {n} clients; use at most {total // 2} clients")
+                             f"2 per client for {n} clients")
     stamp = None
     if partition == "file" and p["file"] and os.path.exists(p["file"]):
         st = os.stat(p["file"])  # a rewritten file must not hit a stale cache entry
