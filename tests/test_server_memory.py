@@ -32,12 +32,15 @@ def _strategy(method: str, num_clients: int, **run_config):
 def _train_round(strategy, server_round: int, rng) -> list[int]:
     """One round in which every messaged client replies with weights near the initial ones (and what else its
     schema asks for); returns the partition ids that replied."""
+    from fedcore.registry import get_method
+
     msgs = list(strategy.configure_train(server_round, ArrayRecord(), ConfigRecord(), None))
     replies = []
     for msg in msgs:
         pid = strategy.pid_of[msg.metadata.dst_node_id]
-        if hasattr(strategy, "example_reply"):
-            records = strategy.example_reply(pid, "train", rng)
+        example_reply = get_method(strategy.cfg["method"]).example_reply  # the declaration's, where it has one
+        if example_reply is not None:
+            records = example_reply(strategy, pid, "train", rng)
         else:
             records = {name: wire.pack_arrays({k: (strategy.initial_weights[k] + 0.01 * rng.standard_normal(
                 strategy.initial_weights[k].shape)).astype(strategy.initial_weights[k].dtype) for k in keys})
