@@ -15,7 +15,11 @@ import argparse
 import csv
 from pathlib import Path
 
-from runner.compare import entries, load_preset, made_line, run_all
+from runner.compare import run_all
+
+from runner.compare_presets import entries, load_preset
+
+from runner.compare_table import made_line
 from runner.provenance import command_line
 
 ROOT = Path(__file__).resolve().parent.parent

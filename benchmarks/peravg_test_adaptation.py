@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     from fedcore.config import Config
     from fedcore.registry import get_method
     from runner import provenance
-    from runner.compare import entries, load_preset, run_config
+    from runner.compare_presets import entries, load_preset, run_config
     from runner.inprocess import run_inprocess
     from server_app import checkpoints
 

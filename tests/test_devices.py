@@ -164,11 +164,11 @@ def test_a_spawned_worker_runs_an_in_process_run(tmp_path):
     worker imports everything itself."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from runner.compare import _run_inprocess
+    from runner.compare_jobs import run_inprocess_job
 
     config = small_config(tmp_path, method="fedavg", **{"num-server-rounds": 1})
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        result = pool.submit(_run_inprocess, config, 2).result()
+        result = pool.submit(run_inprocess_job, config, 2).result()
     assert result["status"] == "finished:completed", result["details"]
 
 

@@ -487,7 +487,7 @@ def test_full_batch_stream_gives_equal_batches_and_each_epoch_is_one_permutation
 
 
 def test_comparison_table_reports_the_best_client_mean_accuracy():
-    from runner.compare import aggregate_row
+    from runner.compare_rows import aggregate_row
 
     row = aggregate_row("x", [{"final_acc": 0.5, "best_client_acc_mean": 0.9}, {"final_acc": 0.5,
                                                                                  "best_client_acc_mean": 0.7}])
@@ -495,7 +495,7 @@ def test_comparison_table_reports_the_best_client_mean_accuracy():
 
 
 def test_comparison_reuses_only_completed_runs_with_the_same_config(tmp_path):
-    from runner.compare import finished_run
+    from runner.compare_jobs import finished_run
 
     config = {"method": "fedmcsa", "seed": 0, "results-dir": str(tmp_path), "run-name": "fedmcsa-s0"}
     folder = tmp_path / "fedmcsa-s0"
