@@ -402,7 +402,7 @@ def test_heterogeneous_variants_by_partition_id_and_unsupported_models_stop_the_
 
 
 def test_the_server_benchmark_replies_are_valid_and_nothing_is_dropped():
-    from benchmarks.server_time import fake_clients, fake_reply
+    from tests.fakes import fake_clients, fake_reply
 
     cfg = Config.from_run_config({"method": "pfedpm", "dataset": "mnist5k", "model": "protocnn"})
     s = PFedPMStrategy(cfg, fake_clients(50), model_facts("protocnn", (1, 28, 28), 10, 0))
