@@ -38,9 +38,9 @@ BENCHMARKS = {
     "sim-speed": ["-m", "benchmarks.sim_speed", "--methods", "fedavg,fedproto,ditto", "--clients", "20", "--rounds",
                   "50", "--out", "docs/results/sim-speed"],
     "deployed-round": ["-m", "benchmarks.deployed_round", "--supernodes", "2,4", "--out", "docs/results/deployed-round"],
-    "fedsac-self-weight": ["-m", "benchmarks.fedsac_self_weight", "--rounds", "20", "--out",
+    "fedsac-self-weight": ["-m", "benchmarks.studies.fedsac_self_weight", "--rounds", "20", "--out",
                            "docs/results/fedsac-self-weight"],
-    "peravg-test-adaptation": ["-m", "benchmarks.peravg_test_adaptation", "conf/fedmcsa-fmnist-mlr.toml", "--out",
+    "peravg-test-adaptation": ["-m", "benchmarks.studies.peravg_test_adaptation", "conf/fedmcsa-fmnist-mlr.toml", "--out",
                                "docs/results/peravg-test-adaptation"],
 }
 
@@ -48,7 +48,7 @@ BENCHMARKS = {
 # writes that too, called with the preset and --reuse like runner.compare (a [sweep] grid's rows and its sweep.md
 # are runner.compare's own)
 BUILDERS = {
-    "fedfcd-mnist5k-bytes": "benchmarks.fedfcd_bytes",  # + traffic.md
+    "fedfcd-mnist5k-bytes": "benchmarks.studies.fedfcd_bytes",  # + traffic.md
 }
 
 

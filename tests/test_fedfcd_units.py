@@ -516,7 +516,7 @@ def test_sweep_expands_every_lambda_lr_pair_into_a_fedfcd_variant_and_ranks_on_v
 
 
 def test_traffic_reads_bytes_per_training_round_evaluation_and_round_0_from_rounds_csv(tmp_path):
-    from benchmarks.fedfcd_bytes import traffic
+    from benchmarks.studies.fedfcd_bytes import traffic
 
     path = tmp_path / "rounds.csv"
     path.write_text("round,bytes_up,bytes_down,eval_bytes_down\n0,100,10,\n1,20,200,50\n2,40,400,70\n")
