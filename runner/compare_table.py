@@ -265,7 +265,7 @@ def render_sweep(preset: dict, results: dict[str, list[dict]]) -> str:
     lines = [
         made_line(preset),
         f"Setting: {setting}; {preset['compare'].get('supernodes', 10)} clients; seeds "
-        f"{preset['compare'].get('seeds', [0])}; every row runs {preset['sweep']['method']}.",
+        f"{preset['compare'].get('seeds', [0])}.",
         "Ranked by the best validation accuracy (weighted: all clients' validation samples together; the validation "
         "split is val-fraction of each client's training data), mean ± sample std (ddof = 1) over seeds. The test "
         "accuracy (weighted) at the best-validation round is shown for information only; it chose nothing.",
