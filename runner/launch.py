@@ -134,7 +134,7 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     if ray_address:
         check_cluster(ray_address)
     else:
-        check_launch(supernodes, cpus_per_client)  # NotEnoughMemory (a ConfigError) for a run that would not fit
+        check_launch(supernodes, cpus_per_client, cfg)  # NotEnoughMemory (a ConfigError): a run that would not fit
     print(check_partition(cfg, supernodes), flush=True)  # a split the clients could not make is refused here
     model_card = check_model(cfg, supernodes)  # so is a user's model that cannot work
     if model_card:
