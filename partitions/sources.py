@@ -55,7 +55,8 @@ def is_source(name: str) -> bool:
 def parse(name: str) -> tuple[str, str]:
     """``'folder:/data/x'`` -> ("folder", "/data/x"); SourceError for anything else."""
     if not is_source(name):
-        raise SourceError(f"dataset {name!r} is not a source; write one of " + ", ".join(f"'{k}:<path>'" for k in KINDS))
+        raise SourceError(f"dataset {name!r} is not a source; write one of "
+                          + ", ".join(f"'{k}:<path>'" for k in KINDS))
     kind, _, location = name.partition(":")
     return kind, location
 

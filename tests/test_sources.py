@@ -225,7 +225,8 @@ def test_partition_cache_file_names_hold_no_path(tmp_path, monkeypatch):
     path = write_csv(tmp_path / "t.csv")
     cfg = Config.from_run_config({"dataset": f"csv:{path}", "partition": "iid", "model": "dnn"})
     file = partition_cache.cache_path(cfg.data_key(3), 0)
-    assert file.parent == tmp_path / "cache" and "/" not in file.name and file.name.endswith("t.csv-0-" + file.name[-28:])
+    assert file.parent == tmp_path / "cache" and "/" not in file.name
+    assert file.name.endswith("t.csv-0-" + file.name[-28:])  # the file's name, the client, a 24-digit hash
     write_csv(path, n=90)
     assert partition_cache.cache_path(cfg.data_key(3), 0) != file  # new files, new cache entry
 
@@ -286,7 +287,8 @@ def test_data_card_counts_every_split(tmp_path):
 def test_data_made_in_python(tmp_path, monkeypatch):
     (tmp_path / "mydata_py_source.py").write_text(
         "import numpy as np\n"
-        "def make():\n    return np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20) % 2, np.arange(20) // 5\n"
+        "def make():\n"
+        "    return np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20) % 2, np.arange(20) // 5\n"
         "def wrong():\n    return [1, 2]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     ds = load("py:mydata_py_source:make")
