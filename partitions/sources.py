@@ -269,7 +269,11 @@ def _hf_splits(path: str | None, location: str):
     import datasets
 
     if path is None:
-        loaded = datasets.load_dataset(location)
+        try:
+            loaded = datasets.load_dataset(location)
+        except (ConnectionError, FileNotFoundError) as err:  # offline without a cached copy, or no such dataset
+            raise SourceError(f"hf source {location!r} is no local path and cannot be loaded from the hub: {err}; "
+                              f"give a save_to_disk folder or parquet files (hf:<path>)") from None
     elif os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in
                                      ("dataset_dict.json", "dataset_info.json", "state.json")):
         loaded = datasets.load_from_disk(path)

@@ -193,6 +193,15 @@ def test_a_missing_path_is_refused_by_the_start_check(tmp_path):
         check_data(cfg)
 
 
+def test_a_hub_id_that_cannot_be_loaded_is_refused_before_the_federation(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as in every test: no download, whatever the machine
+    cfg = Config.from_run_config({"dataset": "hf:nobody-pfl/no-such-dataset", "partition": "iid"})
+    assert check_data(cfg) == "the hub (nobody-pfl/no-such-dataset)"
+    with pytest.raises(ConfigError, match="'nobody-pfl/no-such-dataset' is no local path and cannot be loaded from "
+                                          "the hub: .*save_to_disk folder or parquet files"):
+        check_partition(cfg, 3)
+
+
 def test_source_options_without_a_source_are_refused():
     with pytest.raises(ConfigError, match="'source.label-column' = 'kind' is set, but dataset is 'digits'"):
         Config.from_run_config({"dataset": "digits", "source.label-column": "kind"})
