@@ -145,6 +145,11 @@ bench-sim: $(STAMP)
 bench-scale: $(STAMP)
 	$(BIN)/python -m benchmarks.scale_e2e --clients 100,300,1000,2000 --rounds 5 --fraction 0.1 --out docs/results/scale-e2e
 
+# write pyproject.toml's [tool.flwr.app.config.<method>] tables from the declarations in fedcore/methods/
+.PHONY: sync-config
+sync-config: $(STAMP)
+	$(BIN)/python -m tools.sync_config
+
 # refresh every table of README.md and docs/**/*.md from the table.md its benchmark wrote (<!-- table: path --> blocks)
 readme: $(STAMP)
 	$(BIN)/python -m benchmarks.summary > /dev/null

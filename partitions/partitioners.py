@@ -32,8 +32,10 @@ Schemes:
 
                      Indices refer to the dataset order documented in ``partitions.datasets``.
 
-We write these on numpy rather than flwr-datasets' partitioners: those act on Hugging Face
-datasets per split and differ from PFLlib's ``dir``/``pat`` semantics we must reproduce.
+* ``flwr:<Name>``     any flwr-datasets partitioner on the pool (``partitions/flwr_partitioners.py``).
+
+We write our schemes on numpy rather than with flwr-datasets' partitioners: those differ from PFLlib's
+``dir``/``pat`` semantics we must reproduce; they stay available by name for users who split that way.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import flwr_partitioners
 from .datasets import Dataset
 from .train_cap import TrainCapError, cap_clients
 
@@ -67,7 +70,7 @@ class ClientSplit:
 DEFAULT_PARAMS: dict = {
     "alpha": 0.1, "min-size": 0, "classes-per-client": 2, "balance": False, "n": 4, "k": 100,
     "stdev": 2, "imbalance-factor": 10.0, "pairs-mode": "disjoint", "file": "", "train-fraction": 0.75,
-    "val-fraction": 0.0, "max-train-samples": 0,
+    "val-fraction": 0.0, "flwr-args": "", "max-train-samples": 0,
 }
 
 
@@ -75,7 +78,7 @@ def _run_config_key(partition: str, key: str) -> str:
     """The run-config key a user sets for a partitioner option (what error messages must name)."""
     return {"train-fraction": "train-fraction", "val-fraction": "val-fraction", "pairs-mode": "pairs.mode",
             "max-train-samples": "max-train-samples",
-            "file": "file.path"}.get(
+            "file": "file.path", "flwr-args": "flwr-partitioner.args"}.get(
         key, f"{partition}.{key}")
 
 
@@ -380,7 +383,13 @@ def _build_cached(dataset: Dataset, partition: str, n: int, seed: int, items: tu
         raise PartitionError(f"'val-fraction' must be in [0, 1), got {p['val-fraction']}")
     # the first streams are those of a run without validation or cap (spawn(4) begins as spawn(2) does)
     part_seq, split_seq, val_seq, cap_seq = np.random.SeedSequence(seed).spawn(4)
-    out = PARTITIONS[partition](dataset, n, np.random.default_rng(part_seq), p)
+    rng = np.random.default_rng(part_seq)
+    if flwr_partitioners.is_flwr(partition):
+        out = flwr_partitioners.pools(dataset, partition, n, rng, p["flwr-args"])
+    elif p["flwr-args"]:
+        raise PartitionError(f"'flwr-partitioner.args' is set, but partition is {partition!r}, not 'flwr:<Name>'")
+    else:
+        out = PARTITIONS[partition](dataset, n, rng, p)
     if partition == "file":
         for i, s in enumerate(out):
             if len(s.train) < 1 or len(s.test) < 1:
@@ -405,8 +414,9 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
                  params: dict | None = None) -> list[ClientSplit]:
     """Deterministic per-client train/test (and validation) indices; cached per process (every
     client calls it)."""
-    if partition not in PARTITIONS:
-        raise PartitionError(f"unknown partition '{partition}'; valid: {', '.join(PARTITIONS)}")
+    if partition not in PARTITIONS and not flwr_partitioners.is_flwr(partition):
+        raise PartitionError(f"unknown partition '{partition}'; valid: {', '.join(PARTITIONS)}, or "
+                             f"flwr:<a flwr-datasets partitioner>")
     p = _parse_params(params, partition)
     n, total = int(num_clients), len(dataset.y)
     if n < 1:
@@ -415,7 +425,7 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
         raise PartitionError(f"seed must be a non-negative integer, got {seed}")
     if total < 2 * n:
         raise PartitionError(f"too few samples: dataset '{dataset.name}' has {total} samples, fewer than "
-                             f"2 per client for {n} clients; use at most {total // 2} clients")
+                             f"2 per client for {n} clients")
     stamp = None
     if partition == "file" and p["file"] and os.path.exists(p["file"]):
         st = os.stat(p["file"])  # a rewritten file must not hit a stale cache entry
@@ -444,6 +454,16 @@ def write_split_file(path: str, dataset_name: str, splits: list[ClientSplit]) ->
                        for s in splits]}
     with open(path, "w") as f:
         json.dump(doc, f)
+
+
+def data_card(dataset: Dataset, splits: list[ClientSplit], partition: str) -> str:
+    """One line a run prints at start: the pool (samples, classes, input shape) and the clients' sizes."""
+    sizes = np.array([len(s.train) + len(s.val) + len(s.test) for s in splits])
+    present = int(np.count_nonzero(np.bincount(dataset.y, minlength=dataset.num_classes)))
+    return (f"data card: {dataset.name}: {len(dataset)} samples, {dataset.num_classes} classes"
+            + (f" ({present} present)" if present != dataset.num_classes else "")
+            + f", input shape {tuple(dataset.input_shape)}; partition {partition}: {len(splits)} clients, "
+            f"samples per client min {sizes.min()} / median {np.median(sizes):g} / max {sizes.max()}")
 
 
 def label_counts(y: np.ndarray, splits: list[ClientSplit], num_classes: int) -> np.ndarray:

@@ -11,12 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pyproject_defaults_match_schema():
-    """Every schema key is in pyproject (so --run-config can override it) with the same default."""
+    """Every schema key is in pyproject (so --run-config can override it) with the same default; the method keys
+    are written there from the declarations by `make sync-config` (tests/test_sync_config.py)."""
     flat = pyproject_run_config(ROOT)
     keys = schema()
-    assert set(flat) == set(keys)
+    stale = "pyproject.toml differs from the schema (the method tables: run `make sync-config`)"
+    assert set(flat) == set(keys), f"{stale}: {sorted(set(flat) ^ set(keys))}"
     for name, key in keys.items():
-        assert flat[name] == key.default, name
+        assert flat[name] == key.default, f"{stale}: {name}"
     Config.from_run_config(flat)  # the shipped defaults are valid
 
 
