@@ -72,8 +72,8 @@ def load_study(path: Path) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def samples_per_client(run_config: tuple, supernodes: int) -> float:
-    """The mean training samples a client holds under ``run_config`` (its cap applied): the partition as the clients
-    build it."""
+    """The mean training samples a client holds under ``run_config`` (its cap applied; a client with fewer keeps all
+    of its own): the partition as the clients build it, on the preset's seed (0 unless it sets one)."""
     from fedcore.config import Config
     from partitions import federated_data
 
