@@ -2,7 +2,7 @@
 
 For each (method, number of clients) a fresh process builds the strategy for the CNN on 28x28
 input (10 classes, 2 classes per client), makes one round of replies with the shapes the strategy
-asks for (``reply_schema``; a strategy with exotic payloads can supply ``example_reply``), and then
+asks for (``reply_schema``; a method with exotic payloads declares an ``example_reply``), and then
 times what the server itself does in a round: ``configure_train`` + ``aggregate_train`` (validation
 included) + ``configure_evaluate`` + ``aggregate_evaluate`` (and round 0 for methods that have one).
 Building the replies (the network's job) is outside the timed part. Memory is the growth of the

@@ -3,7 +3,7 @@ validation from the same small grid, once per method and data family, by one com
 
     python -m benchmarks.tune conf/<preset>.toml [--methods fedprox,cfl] [--retune] [--jobs 2]
 
-For every method of the preset that ``fedcore.tuning_grid.GRIDS`` names and the family file does not hold yet:
+For every method of the preset whose declaration names a ``TUNING_GRID`` and the family file does not hold yet:
 run each of its settings (at most 9) once, on the preset's first seed, for ``ROUNDS_FRACTION`` of its rounds,
 with the preset's common keys and the row's own options, and keep the setting with the best validation accuracy
 (``best_val_acc``; test accuracy is never read) unless it beats the method's default by no more than noise: one
@@ -189,7 +189,8 @@ def tune_method(preset: dict, entry, out: Path, jobs: int, code: dict) -> dict:
           f"(of {n} validation images; {time.monotonic() - t0:.0f} s)", flush=True)
     return {"chosen": grid[best] if best is not None else {}, "grid": records, "seed": configs[0]["seed"],
             "rounds": tuning_budget(preset), "of-rounds": int(preset.get("run-config", {}).get("num-server-rounds", 0)),
-            "val-samples": n, "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", "")}
+            "val-samples": n, "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", ""),
+            "source-hash": code.get("source_hash", "")}
 
 
 def rechoose(records: dict[str, dict], preset_dir: Path) -> dict[str, tuple[dict, dict]]:
@@ -249,8 +250,8 @@ def write_family(path: Path, records: dict[str, dict], fam: str) -> None:
     for method in sorted(records):
         rec = records[method]
         lines.append(f'[tuning."{method}"]')
-        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "seed", "rounds", "of-rounds", "val-samples")
-                  if k in rec]
+        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "source-hash", "seed", "rounds", "of-rounds",
+                                                     "val-samples") if k in rec]
         lines.append("grid = [")
         for g in rec["grid"]:
             fields = [f"setting = {_toml(json.dumps(g['setting'], sort_keys=True))}"]
@@ -335,6 +336,17 @@ def _pct(x) -> str:
     return "failed" if x is None else f"{100 * x:.2f}"
 
 
+def code_note(rec: dict) -> str:
+    """What a record says of the code it was tuned with: its source hash, or, for a choice made from a dirty tree
+    before records stored one, that no committed code can be shown to be it."""
+    if rec.get("source-hash"):
+        return f", source hash {rec['source-hash']}"
+    if str(rec.get("commit", "")).endswith("+changes"):
+        return ("; made from uncommitted changes and no source hash recorded: no committed commit's source can be "
+                "shown to be the one tuned, so this choice is to be tuned again from committed code")
+    return ""
+
+
 def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str, dict], tuned_now: set[str]) -> str:
     spec = preset["compare"]
     rows = [e for e in method_rows(preset).values()]
@@ -355,9 +367,9 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
         if rec is None:
             continue
         budget = f"seed {rec.get('seed', '?')}, {rec.get('rounds', '?')} of {rec.get('of-rounds', '?')} rounds"
-        where = (f"tuned by this command ({budget})" if e.method in tuned_now else
+        where = (f"tuned by this command ({budget}{code_note(rec)})" if e.method in tuned_now else
                  f"reused: tuned with preset `{rec.get('preset', '?')}` at commit {rec.get('commit', '?') or '?'} "
-                 f"({budget})")
+                 f"({budget}{code_note(rec)})")
         n = f" of {rec['val-samples']} validation images" if rec.get("val-samples") else ""
         lines += [f"## {e.method}", "", f"{where}; chosen{n}: `{json.dumps(rec['chosen'])}`", "",
                   "| setting | validation accuracy (%) | best round | |", "|---|---|---|---|"]

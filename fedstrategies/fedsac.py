@@ -178,17 +178,3 @@ class FedSaCStrategy(PersonalizedStrategy):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self._packed_initial = wire.pack_arrays(self.initial_weights)
-
-    # ------------------------------------------------------------ the server benchmark
-    def example_reply(self, pid, phase, rng):
-        """A realistic train reply for benchmarks.server_time: theta(0) plus noise and an
-        orthonormal basis (random noise would fail the orthonormality check)."""
-        if phase != "train":
-            return {}
-        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
-                   for k, v in self.initial_weights.items()}
-        reply = {wire.WEIGHTS: wire.pack_arrays(weights)}
-        if SUBSPACE in self.reply_schema(pid):  # pFedGraph's replies have none
-            basis, _ = np.linalg.qr(rng.standard_normal((self.model.feature_dim, self.hp["k"])))
-            reply[SUBSPACE] = wire.pack_arrays({BASIS: basis.astype(np.float32)})
-        return reply

@@ -31,16 +31,15 @@ def fake_reply(strategy, msg, phase: str, rng):
     initial weights (so similarities and norms are realistic)."""
     from flwr.app import Message, MetricRecord, RecordDict
 
-    from benchmarks.example_replies import EXAMPLE_REPLIES
     from fedcore import wire
+    from fedcore.registry import get_method
     from fedstrategies.base import ArraySpec
 
     pid = strategy.pid_of[msg.metadata.dst_node_id]
     records = {}
-    if hasattr(strategy, "example_reply"):
-        records = strategy.example_reply(pid, phase, rng)
-    elif type(strategy).__name__ in EXAMPLE_REPLIES:
-        records = EXAMPLE_REPLIES[type(strategy).__name__](strategy, pid, phase, rng)
+    example_reply = get_method(strategy.cfg["method"]).example_reply  # the method's declaration, if it has one
+    if example_reply is not None:
+        records = example_reply(strategy, pid, phase, rng)
     elif phase != "evaluate":
         schema = strategy.prepare_schema(pid) if phase == "prepare" else strategy.reply_schema(pid)
         for name, keys in schema.items():
@@ -54,7 +53,7 @@ def fake_reply(strategy, msg, phase: str, rng):
                 shape = spec.shape if isinstance(spec, ArraySpec) else spec
                 if shape is None:
                     raise SystemExit(f"{type(strategy).__name__}: schema {name}/{key} has no shape; "
-                                     "give the strategy an example_reply(pid, phase, rng)")
+                                     "give its declaration an example_reply(strategy, pid, phase, rng)")
                 arrays[key] = _array_for(key, shape, strategy.initial_weights.get(key), rng)
             records[name] = wire.pack_arrays(arrays)
     info = strategy.clients[pid]

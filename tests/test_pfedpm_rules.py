@@ -28,7 +28,8 @@ from clients.training import class_means, extract_features
 from fedcore import wire
 from fedcore.config import Config, ConfigError
 from fedcore.methods.fedproto import HAS_PROTOTYPES
-from fedcore.methods.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, HPARAMS, RELATION_ACC, RELATION_LOSS
+from fedcore.methods.pfedpm import (FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, HPARAMS, RELATION_ACC, RELATION_LOSS,
+                                    example_reply)
 from fedcore.models import build_model, model_facts, seed_torch
 from fedstrategies.base import ClientInfo
 from fedstrategies.pfedpm import PFedPMStrategy
@@ -223,9 +224,9 @@ def test_benchmark_replies_carry_the_clients_classes_and_evaluation_replies_noth
     counts = [[5, 7] + [0] * 8, [0, 9, 3] + [0] * 7]
     s = _strategy(counts)
     rng = np.random.default_rng(0)
-    assert s.example_reply(0, "evaluate", rng) == {}
+    assert example_reply(s, 0, "evaluate", rng) == {}
     for pid in (0, 1):
-        reply = s.example_reply(pid, "train", rng)
+        reply = example_reply(s, pid, "train", rng)
         ids, feats, got = wire.unpack_class_features(reply[wire.CLASS_FEATURES])
         assert ids.tolist() == np.flatnonzero(counts[pid]).tolist() and feats.shape == (2, D)
         assert got.tolist() == [c for c in counts[pid] if c]

@@ -126,9 +126,9 @@ def test_tuning_refuses_a_dirty_tree_but_not_the_family_file_it_writes_itself(re
     family file that an earlier, cut-off call left uncommitted is its own output: a second call runs, and its
     record names the plain commit (it said ``+changes`` before)."""
     from benchmarks import tune
-    from fedcore import tuning_grid
+    from fedcore.registry import get_method
 
-    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     (repo / "conf").mkdir()
     preset = repo / "conf" / "tiny.toml"
     preset.write_text(f'''[compare]
@@ -154,6 +154,8 @@ device = "{test_device()}"
     assert not (repo / "docs").exists() and not family.exists()  # nothing run, nothing written
     assert tune.main([str(preset), "--allow-dirty"]) == 0
     assert tune.read_family(family)["fedprox"]["commit"] == provenance.commit() + "+changes"
+    # the dirty tree's own source hash, so a later reader can match it to a committed commit's
+    assert tune.read_family(family)["fedprox"]["source-hash"] == provenance.source_hash() != ""
     _git(repo, "checkout", "fedcore/x.py")
     assert provenance.uncommitted() == ["conf/tuned/fam.toml"]  # the first call's output, not committed yet
     assert tune.main([str(preset), "--retune"]) == 0
