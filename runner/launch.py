@@ -127,12 +127,14 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     as shipped). ``ray_address``: join that Ray cluster (``HOST:PORT`` of its head) instead of starting a private
     head; one this machine cannot reach raises ``ClusterUnreachable`` here, before anything starts."""
     app_dir = Path(app_dir).resolve()
+    if str(app_dir) not in sys.path:  # the app's own modules (a py: dataset, a model factory), as flwr run has them
+        sys.path.insert(0, str(app_dir))
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
     if ray_address:
         check_cluster(ray_address)
     else:
-        check_launch(supernodes, cpus_per_client)  # NotEnoughMemory (a ConfigError) for a run that would not fit
+        check_launch(supernodes, cpus_per_client, cfg)  # NotEnoughMemory (a ConfigError): a run that would not fit
     print(check_partition(cfg, supernodes), flush=True)  # a split the clients could not make is refused here
     model_card = check_model(cfg, supernodes)  # so is a user's model that cannot work
     if model_card:
