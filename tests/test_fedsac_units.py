@@ -623,7 +623,9 @@ def test_messages_carry_theta0_then_the_mixed_model_and_the_regulariser_mode():
         assert strategy.evaluate_payload(pid, 2)[wire.WEIGHTS] is strategy.personal[pid]
         assert strategy.train_config(pid, 2) == {REGULARISER: "paper"}
     assert strategy.train_config(1, 2) == {REGULARISER: "off"}
-    assert strategy.personal_record(1) is strategy._packed_initial
+    theta0 = strategy.personal_record(1)  # theta(0), one record packed once
+    assert theta0 is strategy.personal_record(1) and all(
+        np.array_equal(v, strategy.initial_weights[k]) for k, v in wire.unpack_arrays(theta0).items())
     assert strategy.references == {}  # the paper's regulariser needs no reference
 
 
