@@ -70,9 +70,18 @@ def test_integer_valued_float_is_accepted_for_int_and_int_for_float():
 
 def test_partition_params_are_those_of_the_selected_scheme():
     cfg = Config.from_run_config({"partition": "dirichlet", "dirichlet.alpha": 0.3})
-    assert cfg.partition_params() == {"alpha": 0.3, "min-size": 0, "train-fraction": 0.75, "val-fraction": 0.0}
+    assert cfg.partition_params() == {"alpha": 0.3, "min-size": 0, "train-fraction": 0.75, "val-fraction": 0.1,
+                                      "max-train-samples": 0}
     cfg = Config.from_run_config({"partition": "file", "file.path": "/x.json"})
     assert cfg.partition_params()["file"] == "/x.json"
+
+
+def test_every_way_of_running_holds_out_a_validation_split_by_default():
+    """``flwr run .`` reads pyproject.toml, ``make run`` and the in-process runs the schema: one default, > 0, so no
+    way of running reports the optimistic best-of-test number unless asked to."""
+    assert pyproject_run_config(ROOT)["val-fraction"] == schema()["val-fraction"].default == 0.1
+    run_target = (ROOT / "Makefile").read_text().split("\nrun:")[1].split("\n\n")[0]
+    assert "val-fraction" not in run_target  # no second default on top of the schema's
 
 
 def test_registry_entries_resolve():

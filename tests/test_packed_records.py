@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
-from benchmarks.server_time import fake_clients, fake_reply
+from tests.fakes import fake_clients, fake_reply
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import model_facts
