@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
+from tests.conftest import SMALL_CREFF, SMALL_MUPFL
 from tests.fakes import fake_clients, fake_reply
 from fedcore import wire
 from fedcore.config import Config
@@ -18,8 +19,7 @@ from fedcore.registry import REGISTRY
 
 # the strategies that share packed records between messages (the global model, heads, features, clusters)
 SHARING = ("fedavg", "fednova", "creff", "fedfcd", "fedgh", "fedproto", "mupfl", "pfedpm", "fedsac", "cfl", "fesem")
-SMALL = {"mupfl": {"mupfl.features-per-class": 2, "mupfl.match-steps": 2, "mupfl.head-epochs": 1},
-         "creff": {"creff.features-per-class": 2, "creff.match-steps": 2, "creff.retrain-epochs": 1}}
+SMALL = {"mupfl": SMALL_MUPFL, "creff": SMALL_CREFF}  # their server's matching, at a small size
 
 
 def _strategy(method: str):
