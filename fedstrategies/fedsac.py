@@ -33,9 +33,6 @@ ORTHONORMAL_TOL = 1e-3  # |U^T U - I| a basis may show (float32 rounding is ~1e-
 GRAM_BLOCK = 1 << 24  # values per column block of the similarity Gram matrix (64 MB of float32)
 
 
-is_parameter = pairwise.is_parameter  # the similarity vector and the regulariser hold the trained parameters only
-
-
 class FedSaCStrategy(PersonalizedStrategy):
     """Per-client models mixed by the FedSaC collaboration graph.
 
@@ -148,7 +145,7 @@ class FedSaCStrategy(PersonalizedStrategy):
 
         def blocks():
             for key, stacked in stacks.items():
-                if is_parameter(key):
+                if pairwise.is_parameter(key):
                     flat = stacked.reshape(n, -1)
                     init = self.initial_weights[key].reshape(-1) if delta else None
                     for start in range(0, flat.shape[1], width):
@@ -160,9 +157,9 @@ class FedSaCStrategy(PersonalizedStrategy):
         """c_i = sum_j W_ij theta_j / |theta_j| for every parameter tensor (the authors' regulariser)."""
         n = len(graph)
         sq = sum(np.einsum("ij,ij->i", s.reshape(n, -1), s.reshape(n, -1), dtype=np.float64)
-                 for k, s in stacks.items() if is_parameter(k))
+                 for k, s in stacks.items() if pairwise.is_parameter(k))
         scaled = graph / np.sqrt(np.maximum(sq, 1e-30))[None, :]
-        return {key: aggregate_by_graph(scaled, s) for key, s in stacks.items() if is_parameter(key)}
+        return {key: aggregate_by_graph(scaled, s) for key, s in stacks.items() if pairwise.is_parameter(key)}
 
     @staticmethod
     def store(pids: list[int], into: dict, tensors: dict[str, np.ndarray]) -> None:

@@ -1,7 +1,8 @@
 """Pairwise maths over clients' models: Gram matrices, cosines, squared distances, mixing.
 
-The server's one path for these products: every strategy forms them here, and this module alone calls
-``server_device``. Model states (``{state-dict key: array}``): each result is a sum of matrix products over
+The server's one path for these products: every strategy forms them here, and no other strategy module calls
+``server_device``'s products (``tests/test_pairwise.py`` checks; MuPFL's feature matching only places its own
+training on the server device). Model states (``{state-dict key: array}``): each result is a sum of matrix products over
 the tensors, in column blocks, so that no Python loop runs over pairs and no stack of all parameters of all
 clients is ever built (FedAMP's distances and mixing, CFL's cosines of updates, FeSEM's distances to
 centres). Rows already stacked by tensor (``row_gram``, ``gram_rows``, ``product``, ``gram_and_mix``):
@@ -270,7 +271,7 @@ def _gemm_mix(w32: np.ndarray, states: Sequence[State], key: str, size: int, dty
 
 
 # ---------------------------------------------------------------- rows stacked by tensor
-Block = tuple["Sequence[np.ndarray] | np.ndarray", "np.ndarray | None"]
+Block = tuple[Sequence[np.ndarray] | np.ndarray, np.ndarray | None]  # a column block's rows and reference
 
 
 def row_gram(blocks: Iterable[Block], n: int, capacity: int) -> np.ndarray:

@@ -25,7 +25,8 @@ from fedcore.methods.fedsac import (AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCA
 from fedcore.models import ModelFacts, seeded_model
 from fedstrategies import fedsac as fedsac_module
 from fedstrategies.base import ClientReply
-from fedstrategies.fedsac import FedSaCStrategy, is_parameter
+from fedstrategies.fedsac import FedSaCStrategy
+from fedstrategies.pairwise import is_parameter
 from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at, collaboration_graph, column_cosines,
                                        complementarity_matrix, graph_diagnostics, greedy_column_angles, principal_angles,
                                        project_rows_to_simplex, qp_objective, qp_targets, similarity_matrix,
