@@ -81,9 +81,6 @@ class FedAMPStrategy(PersonalizedStrategy):
     def reply_schema(self, pid):
         return {wire.WEIGHTS: weights_schema(self.initial_weights)}
 
-    def reference_norm(self, record):
-        return None
-
     def aggregate(self, server_round, replies):
         for reply in replies:
             self.models[reply.pid] = {k: np.array(v) for k, v in reply.arrays[wire.WEIGHTS].items()}
