@@ -111,7 +111,7 @@ def validation_samples(config: dict, num_clients: int) -> int:
 def method_rows(preset: dict) -> dict[str, object]:
     """method -> the row its tuning runs take their options from: the row labelled as the method if there is
     one, else its first row (a row reading another's runs is no row of its own)."""
-    from runner.compare import entries
+    from runner.compare_presets import entries
 
     rows: dict[str, object] = {}
     for e in entries(preset):
@@ -139,7 +139,7 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> lis
     same config is kept, and one cut off under them goes on from its last checkpoint: a grid cut off by the end
     of a session loses only the rounds since the last checkpoints. Each finished run gets its provenance record."""
     from runner import provenance
-    from runner.compare import _run_folder, _run_inprocess, finished_run, resume_point
+    from runner.compare_jobs import finished_run, resume_point, run_folder, run_inprocess_job
     from runner.inprocess import pool_context
 
     summaries = [finished_run(c, code)[0] for c in configs]
@@ -160,13 +160,13 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> lis
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = pool_context(*(c.get("device", "auto") for _, c in todo))  # spawn where a run is on CUDA
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
-        running = {pool.submit(_run_inprocess, config, supernodes, code): i for i, config in todo}
+        running = {pool.submit(run_inprocess_job, config, supernodes, code): i for i, config in todo}
         for future in as_completed(running):  # recorded as each ends, so a cut-off grid keeps what finished
             i, r = running[future], future.result()
             if r["status"] != "finished:completed":  # a failed setting says why, not only "failed"
                 print(f"  {configs[i]['run-name']}: {r['status']} {r.get('details', '')}", flush=True)
                 continue
-            provenance.record(_run_folder(configs[i]), code, configs[i])
+            provenance.record(run_folder(configs[i]), code, configs[i])
             summaries[i] = r["summary"]
     return summaries
 
@@ -197,7 +197,7 @@ def rechoose(records: dict[str, dict], preset_dir: Path) -> dict[str, tuple[dict
     """Apply ``choose`` again to every record's validation numbers, in place (a record without ``val-samples``
     gets it from its own preset, beside ``preset_dir``, and seed). Returns method -> (old, new) choice for the
     choices that changed."""
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     changed = {}
     for method, rec in records.items():
@@ -292,7 +292,7 @@ def name_family_file(preset_path: Path, relative: str) -> bool:
 # ---------------------------------------------------------------------- common keys
 def common_keys(preset: dict) -> dict[str, dict]:
     """label -> the common keys its runs resolve to (``auto`` replaced by the method's paper setting)."""
-    from runner.compare import entries, run_config
+    from runner.compare_presets import entries, run_config
 
     out = {}
     for e in entries(preset):
@@ -318,7 +318,7 @@ def overrides(preset: dict) -> list[tuple[str, str, object, object]]:
     """(row, key, the row's value, the family's choice) for every tuned key a row sets itself, away from the choice:
     a variant that studies the method's own options (an ablation, the paper's variant) does so on purpose; a row
     labelled as its method never should, since then the protocol's choice is not what runs."""
-    from runner.compare import entries
+    from runner.compare_presets import entries
 
     chosen = preset.get("tuned-config", {})
     out = []
@@ -401,7 +401,7 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
 
 def main(argv: list[str] | None = None) -> int:
     from runner import provenance
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path)

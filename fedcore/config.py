@@ -92,8 +92,9 @@ def _common_keys() -> dict[str, Key]:
         "method": Key("fedavg", "method to run (see the registry)"),  # choices filled in by schema()
         "dataset": Key("mnist5k", "dataset name, or your own data: folder:<dir> (one sub-folder of images per class), "
                        "npz:<file> (x, y, optional groups), csv:<file> (features and a label column), hf:<id, "
-                       "save_to_disk folder or parquet> (partitions/sources.py)", choices=tuple(DATASETS),
-                       also=r"(folder|npz|csv|hf):.+", pattern_help="folder:<dir>, npz:<file>, csv:<file> or hf:<id or path>"),
+                       "save_to_disk folder or parquet>, py:<package.module:function> (partitions/sources.py)", choices=tuple(DATASETS),
+                       also=r"(folder|npz|csv|hf|py):.+",
+                       pattern_help="folder:<dir>, npz:<file>, csv:<file>, hf:<id or path> or py:<package.module:function>"),
         "normalize": Key("dataset", "input scaling: the dataset's own mean/std, (x-0.5)/0.5 ('half', as PFLlib and "
                          "Flower baselines), or [0, 1] ('unit')", choices=("dataset", "half", "unit")),
         "partition": Key("pathological", "how the data is split across clients; flwr:<Name> = a flwr-datasets "
@@ -245,7 +246,7 @@ def _refuse_unused_options(values: dict[str, Any], keys: dict[str, Key]) -> None
         unused = {"source": not is_source(values["dataset"]),
                   "flwr-partitioner": not values["partition"].startswith("flwr:")}.get(section, False)
         if unused and value != keys[name].default:
-            kind, needs = ("dataset", "folder:, npz:, csv: or hf:") if section == "source" else ("partition", "flwr:<Name>")
+            kind, needs = ("dataset", "folder:, npz:, csv:, hf: or py:") if section == "source" else ("partition", "flwr:<Name>")
             raise ConfigError(f"'{name}' = {value!r} is set, but {kind} is {selected[kind]!r}, so it would be ignored; "
                               f"remove it or set a {kind} {needs}")
     for name, value in values.items():

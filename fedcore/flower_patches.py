@@ -38,6 +38,7 @@ import threading
 import time
 from importlib.metadata import version
 
+SCALE_ENV = "PFL_SCALE_PATCHES"  # "off": the simulation runs Flower's own message mover and pulls (benchmarks)
 RUNTIME_ENV = "PFL_RUNTIME"  # "fast" in the processes of a fast-runtime run (set by runner/), else stock Flower
 FAST, STOCK = "fast", "flower"
 SUPPORTED_FLOWER = ("1.41.",)  # the versions whose internals these patches were written against
@@ -64,6 +65,12 @@ class FlowerMismatch(RuntimeError):
 def asked() -> bool:
     """Whether this process belongs to a fast-runtime run (``PFL_RUNTIME=fast``)."""
     return os.environ.get(RUNTIME_ENV, STOCK) == FAST
+
+
+def scale_asked() -> bool:
+    """Whether this simulation indexes messages and pulls only replies (all do, unless ``PFL_SCALE_PATCHES=off``,
+    which ``benchmarks.scale_round`` sets for its rows of Flower's own path)."""
+    return os.environ.get(SCALE_ENV, "on") != "off"
 
 
 def _refuse(what: str) -> None:

@@ -138,7 +138,7 @@ def check_on_batch(model, x: torch.Tensor, y: torch.Tensor, spec: str) -> float:
     if bad:
         raise ModelError(f"model {spec!r}: non-finite gradients in {bad[:3]} on a batch of the run's data")
     model.zero_grad(set_to_none=True)
-    return float(loss)
+    return float(loss.detach())
 
 
 def check_at_start(cfg, num_clients: int) -> str:

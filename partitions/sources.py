@@ -6,6 +6,8 @@
                     1, 3 or 4 last channels is transposed), ``y`` labels, optional ``groups`` (natural clients).
 * ``csv:<file>``    a table: a label column, numeric feature columns (every other column unless
                     ``source.x-column`` lists them), optional group column; rows in file order.
+* ``py:<package.module:function>``  data made in Python: ``function()`` returns ``(x, y)`` or ``(x, y, groups)``
+                    arrays, read as an npz's (an app that holds its data in code, examples/).
 * ``hf:<id|path>``  a Hugging Face dataset: a ``save_to_disk`` folder, a parquet file or a folder of
                     them (``train*``/``test*`` name the split), or a hub id. Its splits are merged in the
                     order train, validation, test, then the others by name (``source.splits`` picks some).
@@ -26,12 +28,13 @@ import glob
 import hashlib
 import io
 import os
+import re
 
 import numpy as np
 
 from .datasets import Dataset, DatasetUnavailable, _hub_unavailable, _stats
 
-KINDS = ("folder", "npz", "csv", "hf")
+KINDS = ("folder", "npz", "csv", "hf", "py")
 #: run-config keys ``source.<option>`` and their defaults ("" = automatic)
 OPTIONS = {"x-column": "", "label-column": "", "group-column": "", "resize": "", "splits": ""}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -58,7 +61,9 @@ def parse(name: str) -> tuple[str, str]:
 
 
 def _local(kind: str, location: str) -> str | None:
-    """The absolute path of a local source, None for a hub id."""
+    """The absolute path of a local source, None for a hub id; a py source's module file."""
+    if kind == "py":
+        return _module_file(location)
     path = os.path.abspath(os.path.expanduser(location))
     if kind == "hf" and not os.path.exists(path):
         return None
@@ -79,6 +84,24 @@ def fingerprint(name: str) -> str:
         st = os.stat(f)
         digest.update(f"{os.path.relpath(f, path)}:{st.st_size}:{st.st_mtime_ns};".encode())
     return digest.hexdigest()[:16]
+
+
+def _module_file(location: str) -> str | None:
+    import importlib.util
+
+    module = location.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    return spec.origin if spec is not None and spec.origin and os.path.exists(spec.origin) else None
+
+
+def short_name(name: str) -> str:
+    """A file-name-safe label of a source (``folder:/data/cats`` -> ``folder-cats``), for run names."""
+    kind, location = parse(name)
+    tail = os.path.basename(location.rstrip("/\\").split(":")[-1]) or location
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{kind}-{tail}")
 
 
 def check_options(options: dict) -> dict:
@@ -103,6 +126,13 @@ def describe(name: str) -> str:
     """Where a source loads from (for the start-up line), or DatasetUnavailable / SourceError."""
     kind, location = parse(name)
     path = _local(kind, location)
+    if kind == "py":
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*", location):
+            raise SourceError(f"dataset {name!r}: write py:package.module:function")
+        if path is None:
+            raise SourceError(f"dataset {name!r}: module {location.partition(':')[0]!r} cannot be found; install it "
+                              f"or put the folder that holds it on PYTHONPATH")
+        return f"python {location}"
     if path is None:
         reason = _hub_unavailable()
         if reason and os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("1", "true", "yes", "on"):
@@ -172,6 +202,26 @@ def _read_npz(path: str, opts: dict):
     if x.ndim not in (2, 4) or len(x) != len(y) or y.ndim != 1 or (groups is not None and groups.shape != y.shape):
         raise SourceError(f"npz file {path}: x {x.shape}, y {y.shape}, groups "
                           f"{None if groups is None else groups.shape}; need N vectors or images and N labels")
+    return x, y, groups, x.dtype == np.uint8
+
+
+def _read_py(location: str, opts: dict):
+    import importlib
+
+    module, _, attr = location.partition(":")
+    made = getattr(importlib.import_module(module), attr, None)
+    if not callable(made):
+        raise SourceError(f"dataset 'py:{location}': {module} has no callable {attr!r}")
+    out = made()
+    if not isinstance(out, tuple) or len(out) not in (2, 3):
+        raise SourceError(f"dataset 'py:{location}': the function returned {type(out).__name__}; return (x, y) or "
+                          f"(x, y, groups) arrays")
+    x, y = np.asarray(out[0]), np.asarray(out[1])
+    groups = np.asarray(out[2]) if len(out) == 3 else None
+    if x.ndim == 3:
+        x = x[:, None]
+    if x.ndim not in (2, 4) or y.ndim != 1 or len(x) != len(y) or (groups is not None and groups.shape != y.shape):
+        raise SourceError(f"dataset 'py:{location}': x {x.shape}, y {y.shape}; need N vectors or images and N labels")
     return x, y, groups, x.dtype == np.uint8
 
 
@@ -319,8 +369,11 @@ def _load(name: str, stamp: str, options: tuple, normalize: str) -> Dataset:
     path = _local(kind, location)
     describe(name)
     reader = {"folder": _read_folder, "npz": _read_npz, "csv": _read_csv}.get(kind)
-    x, raw_y, raw_groups, pixels = reader(path, opts) if reader else _read_hf(path, location, opts)
-    if kind in ("folder", "npz") and (opts["x-column"] or opts["label-column"]):
+    if kind == "py":
+        x, raw_y, raw_groups, pixels = _read_py(location, opts)
+    else:
+        x, raw_y, raw_groups, pixels = reader(path, opts) if reader else _read_hf(path, location, opts)
+    if kind in ("folder", "npz", "py") and (opts["x-column"] or opts["label-column"]):
         raise SourceError(f"dataset {name!r}: 'source.x-column' and 'source.label-column' are for csv and hf sources")
     if kind != "hf" and opts["splits"]:
         raise SourceError(f"dataset {name!r}: 'source.splits' is for hf sources")

@@ -127,6 +127,8 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     as shipped). ``ray_address``: join that Ray cluster (``HOST:PORT`` of its head) instead of starting a private
     head; one this machine cannot reach raises ``ClusterUnreachable`` here, before anything starts."""
     app_dir = Path(app_dir).resolve()
+    if str(app_dir) not in sys.path:  # the app's own modules (a py: dataset, a model factory), as flwr run has them
+        sys.path.insert(0, str(app_dir))
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
     if ray_address:

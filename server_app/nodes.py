@@ -55,7 +55,8 @@ def tune_grid(grid: Grid) -> None:
     if isinstance(grid, InMemoryGrid):
         grid.pull_interval = IN_MEMORY_PULL_INTERVAL_S
         flower_patches.dead_actors()  # a lost Ray node costs only the replies it was computing
-        flower_patches.indexed_message_ins(grid.state)  # the cost of a message does not grow with the nodes
+        if flower_patches.scale_asked():
+            flower_patches.indexed_message_ins(grid.state)  # the cost of a message does not grow with the nodes
     elif isinstance(grid, HttpGrid) and flower_patches.asked():
         flower_patches.object_pulls(PULL_INTERVALS_S[1])
 
@@ -104,11 +105,12 @@ def _pull_in_memory(grid, waiting: set[str], timeout: float) -> list[Message]:
     ``FULL_PULL_S`` s, at most ``FULL_PULL_SHARE`` of the time, and at the deadline."""
     deadline = time.monotonic() + timeout
     next_full = time.monotonic() + FULL_PULL_S
+    scaled = flower_patches.scale_asked()  # else every pull asks for every awaited message, as Flower's does
     replies: list[Message] = []
     while waiting:
         start = time.monotonic()
         full = start >= next_full or start >= deadline
-        asked = waiting if full else flower_patches.replied(grid.state, waiting)
+        asked = waiting if full or not scaled else flower_patches.replied(grid.state, waiting)
         if asked:
             got = list(grid.pull_messages(asked))
             replies.extend(got)

@@ -64,7 +64,10 @@ def best_validation(rows: list[dict]) -> dict:
 
 def default_run_name(cfg) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{stamp}"
+    from partitions.sources import is_source, short_name
+
+    dataset = short_name(cfg["dataset"]) if is_source(cfg["dataset"]) else cfg["dataset"]  # no path in a folder name
+    return f"{cfg['method']}-{dataset}-{cfg['partition'].replace(':', '-')}-s{cfg['seed']}-{stamp}"
 
 
 class RunFolderError(RuntimeError):

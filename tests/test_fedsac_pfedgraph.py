@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from benchmarks.server_time import fake_clients
+from tests.fakes import fake_clients
 from clients.base import ClientEnv
 from clients.pfedgraph import PFedGraphClient
 from fedcore import wire

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 from torch.nn.utils import parameters_to_vector
 
-from benchmarks.server_time import fake_clients
+from tests.fakes import fake_clients
 from clients.base import ClientEnv
 from clients.fedsac import MODEL, FedSaCClient, regulariser, subspace_basis
 from clients.training import evaluate_model, extract_features, train_loop

@@ -175,7 +175,7 @@ weight-decay = 0.001
 
 
 def test_common_keys_that_differ_between_rows_are_flagged_unless_declared(tmp_path):
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     _, path = _preset(tmp_path)
     preset = load_preset(path)
@@ -190,7 +190,7 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     """Tunes fedprox's mu on a two-setting grid (the preset's first seed, 1 of its 2 rounds), writes the family
     file the preset now names and tuning.md; the comparison then runs fedprox at the chosen mu; a second call
     reuses the choice without running anything."""
-    from runner.compare import entries, load_preset
+    from runner.compare_presets import entries, load_preset
 
     monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     conf, path = _preset(tmp_path)
@@ -243,7 +243,7 @@ def test_a_tuning_cut_off_goes_on_where_it_stopped_and_reruns_under_other_source
     and continues the cut-off one from its checkpoint to the uninterrupted numbers; under other source code every
     setting runs again."""
     from runner import provenance
-    from runner.compare import entries, load_preset
+    from runner.compare_presets import entries, load_preset
     from tests.conftest import begin_and_cut_off
 
     monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
@@ -283,11 +283,12 @@ ROOT = tuning_grid.Path(__file__).resolve().parents[1]
 KNOWN_UNEQUAL = {f"fedfcd-{name}.toml": {"momentum", "weight-decay"} for name in (
     "cifar10-dirichlet", "cifar10-dirichlet-m50", "cifar10-dirichlet-m100", "cifar10-pathological",
     "cifar10-pathological-m50", "cifar10-pathological-m100", "cifar100-dirichlet", "cifar100-pathological")}
+KNOWN_UNEQUAL["fedfcd-mnist5k-sweep.toml"] = {"lr"}  # its [sweep] grid chooses lr on validation: the rows differ on purpose
 
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "conf").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_presets_give_every_row_the_same_common_keys_or_say_why_not(preset):
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     assert set(tune.unequal_keys(load_preset(preset))) == KNOWN_UNEQUAL.get(preset.name, set())
 
@@ -297,7 +298,7 @@ def test_shipped_presets_give_every_row_the_same_common_keys_or_say_why_not(pres
 def test_a_family_choice_equal_to_the_default_leaves_the_rows_run_config_unchanged(preset):
     """Where the family keeps a method's default, its rows resolve to the same run config as without the family
     file: a table built before the preset read it (e.g. FedFCD's Fig. 5 tables) ran what the preset asks now."""
-    from runner.compare import entries, load_preset, run_config
+    from runner.compare_presets import entries, load_preset, run_config
 
     tuned, plain = load_preset(preset), load_preset(preset)
     plain.pop("tuned-config")
@@ -321,7 +322,7 @@ def test_no_row_labelled_as_its_method_overrides_the_familys_choice(preset):
     """A row named after its method runs the protocol's choice: a preset value for a tuned key would bypass it (the
     Synthetic N = 20 preset ran Per-FedAvg at alpha 0.02 and pFedMe at lambda 20 beside a family choice of 0.01 and
     15). Variants that study a method's own options may, and tuning.md lists them."""
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     own = tune.overrides(load_preset(preset))
     assert not [o for o in own if o[0] in TUNED], own
