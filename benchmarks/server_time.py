@@ -332,10 +332,13 @@ def _movement_notes(rows: list[dict], counts: list[int]) -> list[str]:
     for (label, rnd), row in by.items():
         if label in (MOVEMENT_FLOOR, "matrix-product floor") or ALONE.match(label):
             continue
-        alone = max((r["round_s"] for (lab, r_rnd), r in by.items()
-                     if r_rnd == rnd and (m := ALONE.match(lab)) and m["method"] == label), default=0.0)
+        alone = [r for (lab, r_rnd), r in by.items()
+                 if r_rnd == rnd and (m := ALONE.match(lab)) and m["method"] == label]
+        wall = max((r["round_s"] for r in alone), default=0.0)
+        cpu = max((r["round_cpu_s"] for r in alone), default=0.0)
         what = " (with its computations alone)" if alone else ""
-        notes.append(f"- {_label(row)}: {row['round_s'] / (alone + floor['round_s']):.1f}x{what}")
+        notes.append(f"- {_label(row)}: {row['round_s'] / (wall + floor['round_s']):.1f}x (wall), "
+                     f"{row['round_cpu_s'] / max(cpu + floor['round_cpu_s'], 1e-9):.1f}x (CPU){what}")
     return notes
 
 

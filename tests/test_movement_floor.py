@@ -37,6 +37,7 @@ def test_the_notes_compare_each_round_with_the_floor_plus_its_computations_alone
             _row("fedamp (Gram + mixing products alone)", 1000, 1.0), _row(server_time.MOVEMENT_FLOOR, 1000, 2.0),
             _row("matrix-product floor", 1000, 0.5)]
     notes = server_time._movement_notes(rows, [10, 1000])
-    assert "- fedavg: 1.5x" in notes and "- fedamp: 2.0x (with its computations alone)" in notes
+    assert "- fedavg: 1.5x (wall), 1.5x (CPU)" in notes
+    assert "- fedamp: 2.0x (wall), 2.0x (CPU) (with its computations alone)" in notes
     assert not any(n.startswith(("- matrix", "- data", "- fedamp (")) for n in notes)
     assert server_time._movement_notes(rows[:3], [10, 1000]) == []  # no floor row: no notes
