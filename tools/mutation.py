@@ -80,6 +80,7 @@ TARGETS: dict[str, Target] = {
                     ("tests/test_provenance.py::test_the_paired_t_interval_matches_a_hand_computation",
                      "tests/test_provenance.py::test_sample_std_and_its_conversion_from_a_population_std",
                      "tests/test_stats_rules.py")),
+    "replies": Target(("fedstrategies/replies.py",), ("tests/test_replies_rules.py",)),
 }
 
 # Verdicts of mutmut 3 (`mutmut results --all true`) that count as a test catching the mutant.
