@@ -87,7 +87,7 @@ def test_method_columns_get_final_best_last_ten_and_their_value_at_their_best_va
 
 def _cfg(tmp_path, **over) -> Config:
     return Config.from_run_config({"method": "fedavg", "dataset": "digits", "results-dir": str(tmp_path),
-                                   "plots": False, **over})
+                                   "plots": False, "val-fraction": 0.0, **over})
 
 
 def test_a_fresh_run_needs_a_new_or_empty_folder_unless_it_overwrites(tmp_path):
@@ -212,3 +212,11 @@ def test_a_one_round_run_has_its_round_as_the_steady_state_and_no_rounds_has_non
     assert (empty["rounds"], empty["final_round"], empty["first_round_s"], empty["wall_s_per_round"]) == \
         (0, None, None, 0.0)
     assert empty["bytes_up_per_round"] == 0.0
+
+
+def test_a_sampled_evaluation_round_is_never_best_nor_in_the_last_ten_mean():
+    rows = [_row(1, 0.5, 0.5), _row(2, 0.99, 0.99, sampled_eval=1), _row(3, 0.6, 0.4)]
+    got = accuracy_summary(rows, final_round=3)
+    assert (got["best_round"], got["best_val_round"], got["last10_acc"]) == (3, 1, pytest.approx(0.55))
+    assert results.complete_rounds(rows) == [rows[0], rows[2]]
+    assert results.complete_rounds([_row(1, 0.5, sampled_eval="")]) != []  # an empty cell is a complete round
