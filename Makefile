@@ -7,9 +7,6 @@ STAMP := $(VENV)/.installed-stamp
 # Default experiment of `make run` (override: make run CLIENTS=20 RUN_CONFIG="method='fedper'")
 CLIENTS ?= 10
 RUN_CONFIG ?= method='fedavg' dataset='mnist5k' partition='pathological' num-server-rounds=10
-# each client's validation split, kept under any RUN_CONFIG (which may set its own val-fraction): the end-of-run
-# table gives the test accuracy at the round best on validation, never a best-of-test number
-VAL_FRACTION ?= 0.1
 # Comparison preset of `make bench` (see conf/)
 PRESET ?= conf/mnist5k-pathological.toml
 
@@ -47,7 +44,7 @@ data:
 	  || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist)
 
 run: $(STAMP)
-	$(BIN)/python -m runner.launch --supernodes $(CLIENTS) --run-config "val-fraction=$(VAL_FRACTION) $(RUN_CONFIG)"
+	$(BIN)/python -m runner.launch --supernodes $(CLIENTS) --run-config "$(RUN_CONFIG)"
 
 # the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each, on the CPU
 TEST_WORKERS ?= 2
@@ -147,6 +144,11 @@ bench-sim: $(STAMP)
 # one real flwr run per client count: peak memory of the whole launch and s/round (docs/performance.md, "Scale")
 bench-scale: $(STAMP)
 	$(BIN)/python -m benchmarks.scale_e2e --clients 100,300,1000,2000 --rounds 5 --fraction 0.1 --out docs/results/scale-e2e
+
+# write pyproject.toml's [tool.flwr.app.config.<method>] tables from the declarations in fedcore/methods/
+.PHONY: sync-config
+sync-config: $(STAMP)
+	$(BIN)/python -m tools.sync_config
 
 # refresh every table of README.md and docs/**/*.md from the table.md its benchmark wrote (<!-- table: path --> blocks)
 readme: $(STAMP)

@@ -49,7 +49,7 @@ def measure_row(run_config: dict, supernodes: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runner.compare import entries, load_preset, run_config
+    from runner.compare_presets import entries, load_preset, run_config
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path)

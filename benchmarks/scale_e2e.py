@@ -67,12 +67,15 @@ def _mem_total() -> float:
 
 
 def measure(clients: int, rounds: int, fraction: float, method: str, workdir: Path,
-            timeout: float = 3600, interval: float = 0.5, device: str = "auto") -> dict:
-    """One launch of ``clients`` virtual SuperNodes, sampled while it runs; returns a table row."""
+            timeout: float = 3600, interval: float = 0.5, device: str = "auto", config: str | None = None,
+            env: dict[str, str] | None = None) -> dict:
+    """One launch of ``clients`` virtual SuperNodes, sampled while it runs; returns a table row.
+    ``config`` replaces this benchmark's run config (it must write to ``workdir``/results/scale-``clients``),
+    ``env`` is added to the launcher's environment."""
     results = workdir / "results"
     cmd = [sys.executable, "-m", "runner.launch", "--supernodes", str(clients), "--cpus-per-client", "1",
-           "--run-config", run_config(clients, rounds, fraction, method, results, device)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+           "--run-config", config or run_config(clients, rounds, fraction, method, results, device)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     log_path = workdir / f"launch-{clients}.log"
     load = load_average()
     t0 = time.time()
@@ -100,6 +103,7 @@ def measure(clients: int, rounds: int, fraction: float, method: str, workdir: Pa
             "round_s": statistics.median(steady) if steady else None,
             "first_round_s": float(rows[0]["wall_s"]) if rows else None, "run_s": run_s,
             "load_at_start": load, "cpus": os.cpu_count(), "mem_total_gb": _mem_total(), "rounds_done": len(rows),
+            "rounds_csv": rows,
             "log_tail": "\n".join(text.strip().splitlines()[-15:])}
 
 

@@ -2,7 +2,7 @@
 
 For each (method, number of clients) a fresh process builds the strategy for the CNN on 28x28
 input (10 classes, 2 classes per client), makes one round of replies with the shapes the strategy
-asks for (``reply_schema``; a strategy with exotic payloads can supply ``example_reply``), and then
+asks for (``reply_schema``; a method with exotic payloads declares an ``example_reply``), and then
 times what the server itself does in a round: ``configure_train`` + ``aggregate_train`` (validation
 included) + ``configure_evaluate`` + ``aggregate_evaluate`` (and round 0 for methods that have one).
 Building the replies (the network's job) is outside the timed part. Memory is the growth of the
@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.fakes import fake_clients, fake_reply
+
 TARGET_S = 0.5
 
 
@@ -51,65 +53,6 @@ def _config(method: str, extra: dict):
     # MuPFL's BAVD needs a model with BAVD sites: its paper's CNN (a ConfigError on "cnn")
     model = "mupflcnn" if method == "mupfl" else "cnn"
     return Config.from_run_config({"method": method, "dataset": "mnist5k", "model": model, **extra})
-
-
-def fake_clients(n: int, num_classes: int = 10):
-    """n clients of 100 training samples, 2 classes each, as a handshake would describe them."""
-    from fedstrategies.base import ClientInfo
-
-    infos = {}
-    for pid in range(n):
-        counts = np.zeros(num_classes, np.int64)
-        counts[[pid % num_classes, (pid + 1) % num_classes]] = [60, 40]
-        infos[pid] = ClientInfo(pid, 10_000 + pid, 100, 34, counts, counts // 3)
-    return infos
-
-
-def _array_for(key: str, shape, like: np.ndarray | None, rng) -> np.ndarray:
-    if like is not None and like.dtype.kind != "f":
-        return like.copy()
-    base = like if like is not None and like.shape == tuple(shape) else np.zeros(shape, np.float32)
-    return (base + 0.01 * rng.standard_normal(shape)).astype(np.float32)
-
-
-def fake_reply(strategy, msg, phase: str, rng):
-    """A reply to ``msg`` with the arrays the strategy's schema asks for, filled with noise around the
-    initial weights (so similarities and norms are realistic)."""
-    from flwr.app import Message, MetricRecord, RecordDict
-
-    from benchmarks.example_replies import EXAMPLE_REPLIES
-    from fedcore import wire
-    from fedstrategies.base import ArraySpec
-
-    pid = strategy.pid_of[msg.metadata.dst_node_id]
-    records = {}
-    if hasattr(strategy, "example_reply"):
-        records = strategy.example_reply(pid, phase, rng)
-    elif type(strategy).__name__ in EXAMPLE_REPLIES:
-        records = EXAMPLE_REPLIES[type(strategy).__name__](strategy, pid, phase, rng)
-    elif phase != "evaluate":
-        schema = strategy.prepare_schema(pid) if phase == "prepare" else strategy.reply_schema(pid)
-        for name, keys in schema.items():
-            if name == wire.CLASS_FEATURES and any(spec is None for spec in keys.values()):
-                ids = np.flatnonzero(strategy.clients[pid].train_label_counts)
-                feats = rng.standard_normal((len(ids), strategy.model.feature_dim)).astype(np.float32)
-                records[name] = wire.pack_class_features(ids, feats, strategy.clients[pid].train_label_counts[ids])
-                continue
-            arrays = {}
-            for key, spec in keys.items():
-                shape = spec.shape if isinstance(spec, ArraySpec) else spec
-                if shape is None:
-                    raise SystemExit(f"{type(strategy).__name__}: schema {name}/{key} has no shape; "
-                                     "give the strategy an example_reply(pid, phase, rng)")
-                arrays[key] = _array_for(key, shape, strategy.initial_weights.get(key), rng)
-            records[name] = wire.pack_arrays(arrays)
-    info = strategy.clients[pid]
-    metrics = {wire.PARTITION_ID: pid, wire.NUM_EXAMPLES: info.num_train, wire.TRAIN_LOSS: 1.0}
-    if phase == "evaluate":
-        metrics.update({wire.NUM_EXAMPLES: info.num_test, wire.CORRECT: info.num_test // 2, wire.EVAL_LOSS: 1.0})
-        if info.num_val:  # a client with a validation split scores it too
-            metrics.update({wire.VAL_NUM_EXAMPLES: info.num_val, wire.VAL_CORRECT: info.num_val // 2, wire.VAL_LOSS: 1.0})
-    return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
 def _untimed_round(strategy, server_round: int, rng) -> None:

@@ -38,7 +38,8 @@ from runner.launch import auto_gpu_share, simulate
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _rounds(results_dir: str) -> list[dict]:
+def training_rounds(results_dir: str) -> list[dict]:
+    """The training rounds (1 on) of a finished run's rounds.csv, as its rows."""
     with open(Path(results_dir) / "rounds.csv") as f:
         return [r for r in csv.DictReader(f) if int(r["round"]) >= 1]
 
@@ -59,7 +60,7 @@ def run_flwr(config: dict, clients: int, workdir: Path, gpus: float = 0.0) -> di
                       flwr_home=workdir / "flwr-home", started=t0)
     if result["status"] != "finished:completed":
         raise RuntimeError(f"flwr run of {config['method']}: {result['status']} {result['details']}")
-    return _figures(_rounds(result["results_dir"]), time.time() - t0)
+    return _figures(training_rounds(result["results_dir"]), time.time() - t0)
 
 
 SEQUENTIAL = """
@@ -83,7 +84,7 @@ def run_sequential(config: dict, clients: int, workdir: Path) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"sequential run of {config['method']} failed:\n{done.stderr[-3000:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    figures = _figures(_rounds(out["results_dir"]), out["wall_s"])
+    figures = _figures(training_rounds(out["results_dir"]), out["wall_s"])
     figures["startup_s"] = None  # in one process there is no start-up apart from the imports
     return figures
 

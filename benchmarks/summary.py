@@ -1,7 +1,7 @@
 """README's summary table, built from the comparison tables in docs/results (``make readme`` runs it first).
 
 For each table whose preset has a paper method's own row, one line: the paper method against the best baseline of
-the same table, in the table's headline metric (``compare.headline_key``: the test accuracy at the round best on
+the same table, in the table's headline metric (``compare_rows.headline_key``: the test accuracy at the round best on
 validation, in the paper's metric where the preset has the paper's numbers, else weighted; else the final round's
 weighted accuracy, never a best-of-test number). A table still being filled over several sittings (its table.md
 says "Not run (...)" for a paper method or a baseline) is left out: a best baseline among the rows run so far is no
@@ -22,7 +22,8 @@ from pathlib import Path
 
 from benchmarks import paper_numbers
 from runner import stats
-from runner.compare import PAPER_METHODS, _footer_failures, headline_key, read_table_csv
+from runner.compare_rows import PAPER_METHODS, headline_key
+from runner.compare_table import footer_failures, read_table_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 # tables that are not accuracy comparisons of a paper's setting
@@ -40,7 +41,7 @@ def _baselines() -> set[str]:
 
 def incomplete(folder: Path, compared: set[str]) -> bool:
     """Whether runs of a ``compared`` row (paper method or baseline) of the table in ``folder`` are not all made."""
-    not_run = [f.removesuffix(": not run") for f in _footer_failures(folder / "table.md") if f.endswith(": not run")]
+    not_run = [f.removesuffix(": not run") for f in footer_failures(folder / "table.md") if f.endswith(": not run")]
     return any(run.rsplit(" seed ", 1)[0] in compared for run in not_run)
 
 

@@ -16,7 +16,6 @@ try things). The other tables in docs/results come from their own benchmarks (``
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.compare_presets import sweep_grid
 from runner.progress import study_env
 from runner.provenance import uncommitted
 
@@ -38,18 +38,17 @@ BENCHMARKS = {
     "sim-speed": ["-m", "benchmarks.sim_speed", "--methods", "fedavg,fedproto,ditto", "--clients", "20", "--rounds",
                   "50", "--out", "docs/results/sim-speed"],
     "deployed-round": ["-m", "benchmarks.deployed_round", "--supernodes", "2,4", "--out", "docs/results/deployed-round"],
-    "fedsac-self-weight": ["-m", "benchmarks.fedsac_self_weight", "--rounds", "20", "--out",
+    "fedsac-self-weight": ["-m", "benchmarks.studies.fedsac_self_weight", "--rounds", "20", "--out",
                            "docs/results/fedsac-self-weight"],
-    "peravg-test-adaptation": ["-m", "benchmarks.peravg_test_adaptation", "conf/fedmcsa-fmnist-mlr.toml", "--out",
+    "peravg-test-adaptation": ["-m", "benchmarks.studies.peravg_test_adaptation", "conf/fedmcsa-fmnist-mlr.toml", "--out",
                                "docs/results/peravg-test-adaptation"],
 }
 
-# presets whose folder holds more than the comparison writes (a grid's ranking, a traffic table): the module that
-# runs the preset and writes those too, called with the preset and --reuse like runner.compare
+# presets whose folder holds more than the comparison writes (a traffic table): the module that runs the preset and
+# writes that too, called with the preset and --reuse like runner.compare (a [sweep] grid's rows and its sweep.md
+# are runner.compare's own)
 BUILDERS = {
-    "pfedpm-digits-sweep": "benchmarks.pfedpm_sweep",  # + the [sweep] grid's rows and sweep.md
-    "fedfcd-mnist5k-sweep": "benchmarks.fedfcd_sweep",  # + the [sweep] grid's rows and sweep.md
-    "fedfcd-mnist5k-bytes": "benchmarks.fedfcd_bytes",  # + traffic.md
+    "fedfcd-mnist5k-bytes": "benchmarks.studies.fedfcd_bytes",  # + traffic.md
 }
 
 
@@ -81,7 +80,7 @@ def presets(root: Path = ROOT) -> list[Preset]:
         if not output.startswith("docs/results/"):
             continue
         own_rows = [m for m in compare.get("methods", []) if "runs-of" not in data.get("variants", {}).get(m, {})]
-        grid_points = math.prod(len(values) for values in data["sweep"].values()) if "sweep" in data else 0
+        grid_points = len(sweep_grid(data))
         found.append(Preset(path, output, data.get("run-config", {}).get("dataset", "mnist5k"),
                             (len(own_rows) + grid_points) * len(compare.get("seeds", [0]))))
     return found

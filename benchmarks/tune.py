@@ -3,7 +3,7 @@ validation from the same small grid, once per method and data family, by one com
 
     python -m benchmarks.tune conf/<preset>.toml [--methods fedprox,cfl] [--retune] [--jobs 2]
 
-For every method of the preset that ``fedcore.tuning_grid.GRIDS`` names and the family file does not hold yet:
+For every method of the preset whose declaration names a ``TUNING_GRID`` and the family file does not hold yet:
 run each of its settings (at most 9) once, on the preset's first seed, for ``ROUNDS_FRACTION`` of its rounds,
 with the preset's common keys and the row's own options, and keep the setting with the best validation accuracy
 (``best_val_acc``; test accuracy is never read) unless it beats the method's default by no more than noise: one
@@ -111,7 +111,7 @@ def validation_samples(config: dict, num_clients: int) -> int:
 def method_rows(preset: dict) -> dict[str, object]:
     """method -> the row its tuning runs take their options from: the row labelled as the method if there is
     one, else its first row (a row reading another's runs is no row of its own)."""
-    from runner.compare import entries
+    from runner.compare_presets import entries
 
     rows: dict[str, object] = {}
     for e in entries(preset):
@@ -139,7 +139,7 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> lis
     same config is kept, and one cut off under them goes on from its last checkpoint: a grid cut off by the end
     of a session loses only the rounds since the last checkpoints. Each finished run gets its provenance record."""
     from runner import provenance
-    from runner.compare import _run_folder, _run_inprocess, finished_run, resume_point
+    from runner.compare_jobs import finished_run, resume_point, run_folder, run_inprocess_job
     from runner.inprocess import pool_context
 
     summaries = [finished_run(c, code)[0] for c in configs]
@@ -160,13 +160,13 @@ def run_grid(configs: list[dict], supernodes: int, jobs: int, code: dict) -> lis
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = pool_context(*(c.get("device", "auto") for _, c in todo))  # spawn where a run is on CUDA
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
-        running = {pool.submit(_run_inprocess, config, supernodes, code): i for i, config in todo}
+        running = {pool.submit(run_inprocess_job, config, supernodes, code): i for i, config in todo}
         for future in as_completed(running):  # recorded as each ends, so a cut-off grid keeps what finished
             i, r = running[future], future.result()
             if r["status"] != "finished:completed":  # a failed setting says why, not only "failed"
                 print(f"  {configs[i]['run-name']}: {r['status']} {r.get('details', '')}", flush=True)
                 continue
-            provenance.record(_run_folder(configs[i]), code, configs[i])
+            provenance.record(run_folder(configs[i]), code, configs[i])
             summaries[i] = r["summary"]
     return summaries
 
@@ -189,14 +189,15 @@ def tune_method(preset: dict, entry, out: Path, jobs: int, code: dict) -> dict:
           f"(of {n} validation images; {time.monotonic() - t0:.0f} s)", flush=True)
     return {"chosen": grid[best] if best is not None else {}, "grid": records, "seed": configs[0]["seed"],
             "rounds": tuning_budget(preset), "of-rounds": int(preset.get("run-config", {}).get("num-server-rounds", 0)),
-            "val-samples": n, "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", "")}
+            "val-samples": n, "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", ""),
+            "source-hash": code.get("source_hash", "")}
 
 
 def rechoose(records: dict[str, dict], preset_dir: Path) -> dict[str, tuple[dict, dict]]:
     """Apply ``choose`` again to every record's validation numbers, in place (a record without ``val-samples``
     gets it from its own preset, beside ``preset_dir``, and seed). Returns method -> (old, new) choice for the
     choices that changed."""
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     changed = {}
     for method, rec in records.items():
@@ -249,8 +250,8 @@ def write_family(path: Path, records: dict[str, dict], fam: str) -> None:
     for method in sorted(records):
         rec = records[method]
         lines.append(f'[tuning."{method}"]')
-        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "seed", "rounds", "of-rounds", "val-samples")
-                  if k in rec]
+        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "source-hash", "seed", "rounds", "of-rounds",
+                                                     "val-samples") if k in rec]
         lines.append("grid = [")
         for g in rec["grid"]:
             fields = [f"setting = {_toml(json.dumps(g['setting'], sort_keys=True))}"]
@@ -291,7 +292,7 @@ def name_family_file(preset_path: Path, relative: str) -> bool:
 # ---------------------------------------------------------------------- common keys
 def common_keys(preset: dict) -> dict[str, dict]:
     """label -> the common keys its runs resolve to (``auto`` replaced by the method's paper setting)."""
-    from runner.compare import entries, run_config
+    from runner.compare_presets import entries, run_config
 
     out = {}
     for e in entries(preset):
@@ -317,7 +318,7 @@ def overrides(preset: dict) -> list[tuple[str, str, object, object]]:
     """(row, key, the row's value, the family's choice) for every tuned key a row sets itself, away from the choice:
     a variant that studies the method's own options (an ablation, the paper's variant) does so on purpose; a row
     labelled as its method never should, since then the protocol's choice is not what runs."""
-    from runner.compare import entries
+    from runner.compare_presets import entries
 
     chosen = preset.get("tuned-config", {})
     out = []
@@ -333,6 +334,17 @@ def overrides(preset: dict) -> list[tuple[str, str, object, object]]:
 # ---------------------------------------------------------------------- the report
 def _pct(x) -> str:
     return "failed" if x is None else f"{100 * x:.2f}"
+
+
+def code_note(rec: dict) -> str:
+    """What a record says of the code it was tuned with: its source hash, or, for a choice made from a dirty tree
+    before records stored one, that no committed code can be shown to be it."""
+    if rec.get("source-hash"):
+        return f", source hash {rec['source-hash']}"
+    if str(rec.get("commit", "")).endswith("+changes"):
+        return ("; made from uncommitted changes and no source hash recorded: no committed commit's source can be "
+                "shown to be the one tuned, so this choice is to be tuned again from committed code")
+    return ""
 
 
 def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str, dict], tuned_now: set[str]) -> str:
@@ -355,9 +367,9 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
         if rec is None:
             continue
         budget = f"seed {rec.get('seed', '?')}, {rec.get('rounds', '?')} of {rec.get('of-rounds', '?')} rounds"
-        where = (f"tuned by this command ({budget})" if e.method in tuned_now else
+        where = (f"tuned by this command ({budget}{code_note(rec)})" if e.method in tuned_now else
                  f"reused: tuned with preset `{rec.get('preset', '?')}` at commit {rec.get('commit', '?') or '?'} "
-                 f"({budget})")
+                 f"({budget}{code_note(rec)})")
         n = f" of {rec['val-samples']} validation images" if rec.get("val-samples") else ""
         lines += [f"## {e.method}", "", f"{where}; chosen{n}: `{json.dumps(rec['chosen'])}`", "",
                   "| setting | validation accuracy (%) | best round | |", "|---|---|---|---|"]
@@ -389,7 +401,7 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
 
 def main(argv: list[str] | None = None) -> int:
     from runner import provenance
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path)

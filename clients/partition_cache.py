@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import partitions
+import partitions.sources
 
 CACHE_ENV = "PFL_PARTITION_CACHE"  # a directory, or "0" to turn the cache off
 FIELDS = ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val")
@@ -49,8 +51,11 @@ def cache_path(key: tuple, pid: int) -> Path | None:
     directory = cache_dir(key[4])
     if directory is None:
         return None
-    text = json.dumps([list(map(str, key)), pid, _code_version()])
-    return directory / f"{key[0]}-{pid}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.npz"
+    # the user's own data (``folder:<dir>``, ...): the version of its files, and a name without the path
+    stamp = partitions.sources.fingerprint(key[0]) if partitions.is_source(key[0]) else ""
+    text = json.dumps([list(map(str, key)), pid, _code_version(), stamp])
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(key[0]))[-48:]
+    return directory / f"{name}-{pid}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.npz"
 
 
 def load(path: Path | None) -> dict | None:

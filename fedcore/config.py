@@ -18,6 +18,7 @@ from fedcore.paper_settings import resolve_auto
 
 AUGMENTATIONS = ("none", "crop-flip")  # clients/training.py: crop_flip
 # fedcore/models.py: MODELS (tests/test_models.py checks they agree), named here so that checking a config needs no torch
+USER_MODEL = r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*"  # package.module:factory (fedcore/user_models.py)
 MODEL_NAMES = ("mlr", "dnn", "cnn", "fedavgcnn", "resnet8", "resnet18", "simplecnn", "protocnn", "protocnn-femnist",
                "resnet18-tv", "mupflcnn")
 
@@ -39,7 +40,8 @@ class Key:
     high_open: bool = False  # the upper bound itself is not allowed
     kind: str = ""  # the value's type ("int", "float", "bool") where the default is "auto" and so cannot fix it
     pattern: str = ""  # a string value must match this regular expression in full
-    pattern_help: str = ""  # what the pattern allows, in words
+    pattern_help: str = ""  # what the pattern (or ``also``) allows, in words
+    also: str = ""  # values matching this regular expression in full are allowed besides the choices
 
     def check(self, name: str, value: Any) -> Any:
         """Return ``value`` coerced to this key's type, or raise ``ConfigError``."""
@@ -66,9 +68,10 @@ class Key:
                 raise ConfigError(f"'{name}' must be a string, got {value!r}")
         if self.pattern and not re.fullmatch(self.pattern, value):
             raise ConfigError(f"'{name}' = {value!r} is not valid; use {self.pattern_help or self.pattern}")
-        if self.choices is not None and value not in self.choices:
+        if self.choices is not None and value not in self.choices and not (self.also and re.fullmatch(self.also, value)):
             raise ConfigError(
                 f"'{name}' = {value!r} is not valid; choose one of: {', '.join(map(str, self.choices))}"
+                + (f"; or {self.pattern_help}" if self.also else "")
             )
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             op = ">" if self.low_open else ">="
@@ -87,12 +90,20 @@ def _common_keys() -> dict[str, Key]:
 
     return {
         "method": Key("fedavg", "method to run (see the registry)"),  # choices filled in by schema()
-        "dataset": Key("mnist5k", "dataset name", choices=tuple(DATASETS)),
+        "dataset": Key("mnist5k", "dataset name, or your own data: folder:<dir> (one sub-folder of images per class), "
+                       "npz:<file> (x, y, optional groups), csv:<file> (features and a label column), hf:<id, "
+                       "save_to_disk folder or parquet>, py:<package.module:function> (partitions/sources.py)", choices=tuple(DATASETS),
+                       also=r"(folder|npz|csv|hf|py):.+",
+                       pattern_help="folder:<dir>, npz:<file>, csv:<file>, hf:<id or path> or py:<package.module:function>"),
         "normalize": Key("dataset", "input scaling: the dataset's own mean/std, (x-0.5)/0.5 ('half', as PFLlib and "
                          "Flower baselines), or [0, 1] ('unit')", choices=("dataset", "half", "unit")),
-        "partition": Key("pathological", "how the data is split across clients", choices=tuple(PARTITIONS)),
+        "partition": Key("pathological", "how the data is split across clients; flwr:<Name> = a flwr-datasets "
+                         "partitioner (partitions/flwr_partitioners.py)", choices=tuple(PARTITIONS),
+                         also=r"flwr:[A-Za-z]+", pattern_help="flwr:<a flwr-datasets partitioner, e.g. DirichletPartitioner>"),
         "model": Key("auto", "model architecture; auto = the method's paper model for the dataset "
-                     "(fedcore/paper_settings.py), else one picked for the input shape", choices=("auto", *MODEL_NAMES)),
+                     "(fedcore/paper_settings.py), else one picked for the input shape; package.module:factory = your own "
+                     "(fedcore/user_models.py)", choices=("auto", *MODEL_NAMES), also=USER_MODEL,
+                     pattern_help="package.module:factory (your own model)"),
         "num-server-rounds": Key(20, "federated rounds", low=1),
         "seed": Key(0, "one seed for partitioning, initialisation and sampling", low=0),
         "local-epochs": Key("auto", "local epochs per round" + AUTO_HELP, kind="int", low=1),
@@ -110,7 +121,14 @@ def _common_keys() -> dict[str, Key]:
         "min-replies": Key(1, "fewest valid replies a round needs to update the server state", low=1),
         "reply-norm-bound": Key(100.0, "drop a reply whose record norm exceeds this many times the round's median "
                                 "norm (or the server state's); 0 = off", low=0.0),
-        "eval-every": Key(1, "evaluate every this many rounds (and always after the last)", low=1),
+        "eval-every": Key(1, "evaluate every client every this many rounds (and always after the last)", low=1),
+        "fraction-evaluate": Key(1.0, "fraction of clients that evaluate in the rounds between the eval-every rounds "
+                                 "(Flower's fraction_evaluate; seeded by the run seed like the training sample); "
+                                 "1.0 = no evaluation between them. eval-every rounds and the last evaluate every "
+                                 "client, and only those rounds choose a run's best round", low=0.0, high=1.0,
+                                 low_open=True),
+        "min-evaluate-clients": Key(2, "fewest clients a sampled evaluation asks (Flower's min_evaluate_nodes; at most "
+                                    "all of them)", low=1),
         "results-dir": Key("results", "where runs write their results (an absolute path is safest)"),
         "run-name": Key("", "name of this run's results folder; empty = method-dataset-partition-seed-time"),
         "resume": Key(False, "continue the run in results-dir/run-name from its last checkpoint"),
@@ -143,9 +161,13 @@ def _common_keys() -> dict[str, Key]:
         "node-wait-s": Key(60, "seconds to wait for all SuperNodes to connect at start", low=0),
         "train-fraction": Key(0.75, "share of each client's data used for training (the rest is its test split)",
                               low=0.0, high=1.0, low_open=True, high_open=True),
-        "val-fraction": Key(0.0, "share of each client's training split held out as its validation split, on which "
-                            "the best round and tuned hyperparameters are chosen (never on test); 0 = none",
+        "val-fraction": Key(0.1, "share of each client's training split held out as its validation split, on which "
+                            "the best round and tuned hyperparameters are chosen (never on test); 0 = none (the "
+                            "report then gives the optimistic best-of-test)",
                             low=0.0, high=1.0, high_open=True),
+        "max-train-samples": Key(0, "cap on each client's training samples: a seeded, label-stratified subset of its "
+                                 "training split, taken after validation is carved (test and validation splits are "
+                                 "the same at every cap); 0 = no cap", low=0),
         "faults.share": Key(0.0, "share of clients that misbehave on purpose in each training round (testing)",
                             low=0.0, high=1.0),
         "faults.kinds": Key("raise,hang,nan,shape,missing,wrong-pid,huge,overflow",
@@ -162,6 +184,15 @@ def _common_keys() -> dict[str, Key]:
         "longtail-dirichlet.imbalance-factor": Key(10.0, "largest/smallest class size", low=1.0),
         "longtail-dirichlet.min-size": Key(0, "minimum samples per client; 0 = 10", low=0),
         "file.path": Key("", "JSON split file, see partitions/FILE_FORMAT.md"),
+        "flwr-partitioner.args": Key("", "arguments of the flwr:<Name> partitioner, a TOML inline-table body, e.g. "
+                                     "\"alpha = 0.3, self_balancing = true\""),
+        "source.x-column": Key("", "hf: the image or feature column; csv: the feature columns, comma-separated; "
+                               "empty = image/img/pixel_values/x/features (hf), every other column (csv)"),
+        "source.label-column": Key("", "csv/hf: the label column; empty = label/labels/fine_label/y/target/class"),
+        "source.group-column": Key("", "csv/hf: a column of natural owners (partition 'natural'); empty = none"),
+        "source.resize": Key("", "resize every image to HEIGHTxWIDTH pixels (needed when their sizes differ)",
+                             pattern=r"|[0-9]+x[0-9]+", pattern_help="'' or HEIGHTxWIDTH, e.g. '28x28'"),
+        "source.splits": Key("", "hf: the splits to merge, comma-separated; empty = all (train, validation, test, others)"),
         "synthetic.alpha": Key(0.5, "Synthetic(alpha, beta): model heterogeneity", low=0.0),
         "synthetic.beta": Key(0.5, "Synthetic(alpha, beta): data heterogeneity", low=0.0),
     }
@@ -204,15 +235,36 @@ def _refuse_unused_options(values: dict[str, Any], keys: dict[str, Key]) -> None
     from fedcore.registry import REGISTRY
     from partitions import DATASETS, PARTITIONS
 
+    from partitions.sources import is_source
+
     selected = {"method": values["method"], "partition": values["partition"], "dataset": values["dataset"]}
     sections = {**{m: "method" for m in REGISTRY}, **{p: "partition" for p in PARTITIONS},
                 **{d: "dataset" for d in DATASETS}}
+    # the options of the user's own data and of flwr-datasets' partitioners: refused when unused too
+    for name, value in values.items():
+        section = name.partition(".")[0]
+        unused = {"source": not is_source(values["dataset"]),
+                  "flwr-partitioner": not values["partition"].startswith("flwr:")}.get(section, False)
+        if unused and value != keys[name].default:
+            kind, needs = ("dataset", "folder:, npz:, csv:, hf: or py:") if section == "source" else ("partition", "flwr:<Name>")
+            raise ConfigError(f"'{name}' = {value!r} is set, but {kind} is {selected[kind]!r}, so it would be ignored; "
+                              f"remove it or set a {kind} {needs}")
     for name, value in values.items():
         section, dot, _ = name.partition(".")
         kind = sections.get(section)
         if dot and kind and selected[kind] != section and value != keys[name].default:
             raise ConfigError(f"'{name}' = {value!r} is set, but {kind} is {selected[kind]!r}, so it would be "
                               f"ignored; remove it or set {kind}='{section}'")
+
+
+def _check_sampled_evaluation(values: dict[str, Any]) -> None:
+    """A sampled evaluation runs in the rounds between the eval-every rounds; with eval-every = 1 there are none,
+    so a ``fraction-evaluate`` below 1 would silently change nothing: refuse it."""
+    if values["fraction-evaluate"] < 1.0 and values["eval-every"] == 1:
+        raise ConfigError(f"'fraction-evaluate' = {values['fraction-evaluate']!r} samples the evaluation of the rounds "
+                          "between the eval-every rounds, but 'eval-every' = 1 evaluates every client in every round; "
+                          "set eval-every > 1 (e.g. eval-every = 10: a sample evaluates in rounds 1-9, everyone in "
+                          "round 10 and the last) or fraction-evaluate = 1.0")
 
 
 FAULT_KINDS = ("raise", "hang", "nan", "shape", "missing", "wrong-pid", "huge", "overflow")  # clients/faults.py
@@ -251,17 +303,63 @@ def check_data(cfg: Mapping[str, Any]) -> str:
         raise ConfigError(str(err)) from None
 
 
-def check_partition(cfg: Config, num_clients: int) -> None:
+def check_partition(cfg: Config, num_clients: int) -> str:
     """Build the run's partition here, as every client will, so a split that cannot be made (too many clients for
     the data, a class too small for the scheme) is refused before the federation starts instead of in each client.
-    numpy only: the launcher imports no torch. For runs whose clients share this machine's data."""
-    from partitions import PartitionError, federated_data
+    numpy only: the launcher imports no torch. For runs whose clients share this machine's data.
+    Returns the run's data card (``partitions.data_card``), the line a launch prints at start."""
+    from partitions import PartitionError, data_card, federated_data
 
     try:
-        federated_data(*cfg.data_key(num_clients))
+        data, splits = federated_data(*cfg.data_key(num_clients))
+        return data_card(data, splits, cfg["partition"])
     except (PartitionError, ValueError) as err:
+        largest = largest_client_count(cfg, num_clients - 1) if cfg["partition"] != "file" else None
+        if largest is not None:
+            limit = (f" At most {largest} clients can be served with these settings (the largest count below "
+                     f"{num_clients} that splits: {largest + 1} does not).")
+        elif cfg["partition"] == "file":
+            limit = ""  # the split file fixes the client count
+        else:
+            limit = " No client count can be served with these settings."
         raise ConfigError(f"{num_clients} clients on dataset {cfg['dataset']!r}, partition {cfg['partition']!r}: "
-                          f"{err}") from None
+                          f"{err}{limit}") from None
+
+
+def largest_client_count(cfg: Config, below: int) -> int | None:
+    """The largest client count up to ``below`` whose split can be made (None: not even one client's), by
+    bisection on "fewer clients split more easily": what the refusal of a count that cannot be served names.
+    Each step builds a partition (numpy, milliseconds to a second for the retrying Dirichlet schemes)."""
+    from partitions import PartitionError, federated_data
+
+    def splits(n: int) -> bool:
+        try:
+            federated_data(*cfg.data_key(n))
+            return True
+        except (PartitionError, ValueError):
+            return False
+
+    if below < 1 or not splits(1):
+        return None
+    works, fails = 1, below + 1
+    if splits(below):
+        return below
+    fails = below
+    while fails - works > 1:
+        mid = (works + fails) // 2
+        works, fails = (mid, fails) if splits(mid) else (works, mid)
+    return works
+
+
+def check_model(cfg: Config, num_clients: int) -> str:
+    """The user's own model (``package.module:factory``) built and tried on a batch of the run's data before the
+    federation starts (torch is imported only then); ConfigError naming the problem. Returns its one-line card,
+    or "" for our models, which the test suite checks."""
+    if not re.fullmatch(USER_MODEL, cfg["model"]):
+        return ""
+    from fedcore.user_models import check_at_start
+
+    return check_at_start(cfg, num_clients)
 
 
 class Config(Mapping):
@@ -284,6 +382,7 @@ class Config(Mapping):
             )
         values = {name: key.check(name, run_config.get(name, key.default)) for name, key in keys.items()}
         _refuse_unused_options(values, keys)
+        _check_sampled_evaluation(values)
         parse_fault_kinds(values["faults.kinds"])
         parse_trackers(values["tracker"])
         values, sources = resolve_auto(values)
@@ -313,16 +412,21 @@ class Config(Mapping):
         """Options of the selected partition scheme, as the partitioners name them."""
         renames = {"path": "file", "mode": "pairs-mode"}
         params = {renames.get(k, k): v for k, v in self.section(self["partition"]).items()}
+        if self["partition"].startswith("flwr:"):
+            params["flwr-args"] = self["flwr-partitioner.args"]
         params["train-fraction"] = self["train-fraction"]
         params["val-fraction"] = self["val-fraction"]
+        params["max-train-samples"] = self["max-train-samples"]
         return params
 
     def data_key(self, num_clients: int) -> tuple:
         """What decides the clients' data (``partitions.federated_data``'s arguments), hashable: the key the
         clients cache their splits under."""
+        from partitions.sources import is_source
+
+        options = self.section("source" if is_source(self["dataset"]) else self["dataset"])
         return (self["dataset"], self["partition"], num_clients, self["seed"], self["data-dir"],
-                tuple(sorted(self.section(self["dataset"]).items())), tuple(sorted(self.partition_params().items())),
-                self["normalize"])
+                tuple(sorted(options.items())), tuple(sorted(self.partition_params().items())), self["normalize"])
 
     def hparams(self) -> dict[str, Any]:
         """The selected method's hyperparameters."""

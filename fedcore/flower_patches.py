@@ -17,6 +17,12 @@ One is a fix, applied in every simulation (fast or stock runtime), since it chan
 actors live: ``dead_actors`` keeps an actor that died (its Ray node was lost) out of the simulation's actor
 pool, where Flower put it back to fail every later client sent to it (``BasicActorPool``).
 
+Two make the simulation's cost per message independent of the number of nodes (docs/scale.md), also in every
+simulation, since they change what is looked at, never what is delivered: ``indexed_message_ins`` gives the
+engine's message mover an index of undelivered messages by node (Flower scanned every stored message for each
+node, on every pass: N x M checks a pass), and ``replied`` tells the ServerApp's pull loop which of its messages
+have a reply, so that it asks Flower only for those (Flower checked every outstanding message on every pull).
+
 Each patch first checks the installed Flower version and the signature of what it replaces, and refuses
 with ``FlowerMismatch`` (naming what differs and the way out: the stock runtime) rather than change an
 internal it does not know; ``check_all`` runs every check without patching (``tests/test_flower_patches.py``
@@ -32,6 +38,7 @@ import threading
 import time
 from importlib.metadata import version
 
+SCALE_ENV = "PFL_SCALE_PATCHES"  # "off": the simulation runs Flower's own message mover and pulls (benchmarks)
 RUNTIME_ENV = "PFL_RUNTIME"  # "fast" in the processes of a fast-runtime run (set by runner/), else stock Flower
 FAST, STOCK = "fast", "flower"
 SUPPORTED_FLOWER = ("1.41.",)  # the versions whose internals these patches were written against
@@ -44,7 +51,11 @@ _SIGNATURES = {  # the parameters of what is replaced or wrapped, as Flower 1.41
     "submit": ["self", "actor_fn", "job"],
     "add_actor_back_to_pool": ["self", "future"],
     "fetch_result_and_return_actor_to_pool": ["self", "future"],
+    "get_message_ins": ["self", "node_id", "limit", "run_id"],
+    "store_message_ins": ["self", "message"],
+    "_check_stored_messages": ["self", "message_ids", "run_id"],
 }
+_STATE_ATTRIBUTES = ("lock", "message_ins_store", "message_ins_id_to_message_res_id")
 
 
 class FlowerMismatch(RuntimeError):
@@ -54,6 +65,12 @@ class FlowerMismatch(RuntimeError):
 def asked() -> bool:
     """Whether this process belongs to a fast-runtime run (``PFL_RUNTIME=fast``)."""
     return os.environ.get(RUNTIME_ENV, STOCK) == FAST
+
+
+def scale_asked() -> bool:
+    """Whether this simulation indexes messages and pulls only replies (all do, unless ``PFL_SCALE_PATCHES=off``,
+    which ``benchmarks.scale_round`` sets for its rows of Flower's own path)."""
+    return os.environ.get(SCALE_ENV, "on") != "off"
 
 
 def _refuse(what: str) -> None:
@@ -136,8 +153,26 @@ def check_actor_pool():
     return BasicActorPool
 
 
+def check_link_state(state=None):
+    """Flower's in-memory LinkState as the index patches know it; ``state`` (an instance) must be one."""
+    check_version()
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    for name in ("get_message_ins", "store_message_ins", "_check_stored_messages"):
+        fn = getattr(InMemoryLinkState, name)
+        _check_signature(getattr(fn, "__wrapped__", fn), name)
+    if state is not None:
+        if not isinstance(state, InMemoryLinkState):
+            _refuse(f"the simulation's LinkState is a {type(state).__name__}, not an InMemoryLinkState")
+        missing = [a for a in _STATE_ATTRIBUTES if not hasattr(state, a)]
+        if missing:
+            _refuse(f"InMemoryLinkState has no {missing}")
+    return InMemoryLinkState
+
+
 def check_all() -> None:
     """Every patch's check, nothing patched: raises FlowerMismatch when the installed Flower differs."""
+    check_link_state()
     check_actor_pool()
     check_object_pulls()
     check_supernode_sleep()
@@ -339,3 +374,84 @@ def dead_actors() -> bool:
         fn.__wrapped__ = original
         setattr(pool_cls, name, fn)
     return True
+
+
+# ---------------------------------------------------------------- the message mover: an index, not a scan
+# Flower 1.41's simulation engine moves messages to its workers in one thread (``add_messages_to_queue``): on every
+# pass (each 0.1 s, and at each ``kick``) it calls ``state.get_message_ins(node_id, limit=1)`` for every node of
+# the federation, and each call walks the whole ``message_ins_store`` (every message sent and not yet answered and
+# pulled), checking each message's expiry (``_check_stored_messages``) under the state's lock. With N nodes and M
+# stored messages a pass is N x M checks: while a round's evaluation has all 1,000 clients' messages stored, a pass
+# at 1,000 clients is 10^6 checks (about 0.1-1 s of the ServerApp's process, holding the lock and the GIL the
+# workers and the ServerApp need), so the cost per message grew with N. ``indexed_message_ins`` gives the state
+# instance (the one object the running thread and the grid share) a per-node queue of the messages stored for
+# it, filled by ``store_message_ins``: a call looks at the messages of its own node only, checks each as Flower
+# does (expiry, still stored, still undelivered), and a pass costs N dictionary look-ups plus the messages it
+# hands out. Messages are delivered in the order they were stored for each node, as Flower's scan did.
+_INDEX = "_pfl_message_ins_index"
+
+
+def indexed_message_ins(state) -> bool:
+    """Index ``state``'s undelivered messages by node (once per instance); False where it already is."""
+    check_link_state(state)
+    if _INDEX in vars(state):
+        return False
+    from collections import deque
+
+    from flwr.supercore.date import now
+
+    flower_store, flower_get = state.store_message_ins, state.get_message_ins
+    with state.lock:
+        index: dict[int, deque] = {}
+        for msg_id, msg in state.message_ins_store.items():  # what was sent before the patch
+            index.setdefault(msg.metadata.dst_node_id, deque()).append(msg_id)
+        setattr(state, _INDEX, index)
+
+    def store_message_ins(message):
+        msg_id = flower_store(message)
+        if msg_id is not None:
+            with state.lock:
+                index.setdefault(message.metadata.dst_node_id, deque()).append(msg_id)
+        return msg_id
+
+    def get_message_ins(node_id, limit, *, run_id=None):
+        if run_id is not None or limit is None or limit < 1:  # not the engine's call: Flower's own scan
+            return flower_get(node_id, limit, run_id=run_id)
+        if node_id not in index:  # most nodes, most of the time: nothing to look at, no lock taken
+            return []
+        found = []
+        with state.lock:
+            queue = index.get(node_id)
+            while queue and len(found) < limit:
+                msg_id = queue.popleft()
+                state._check_stored_messages({msg_id})  # expired messages are deleted, as Flower's scan does
+                msg = state.message_ins_store.get(msg_id)
+                if msg is not None and msg.metadata.dst_node_id == node_id and msg.metadata.delivered_at == "":
+                    found.append(msg)
+            if queue is not None and not queue:
+                del index[node_id]
+        delivered_at = now().isoformat()
+        for msg in found:
+            msg.metadata.delivered_at = delivered_at
+        return found
+
+    store_message_ins.__wrapped__, get_message_ins.__wrapped__ = flower_store, flower_get
+    state.store_message_ins, state.get_message_ins = store_message_ins, get_message_ins
+    return True
+
+
+# ---------------------------------------------------------------- pulling replies: only those that are in
+# ``InMemoryGrid.pull_messages(ids)`` (``get_message_res``) checks every id it is given (expiry, node, reply) under
+# the state's lock; a ServerApp waiting for W replies and pulling every 10 ms spent W checks a pull, so a phase of
+# N clients cost about N^2 checks. ``replied`` reads which of the ids have a reply stored (a dictionary the state
+# keeps, holding only replies not yet pulled), so that a pull asks for those alone; Flower's own pull of every id
+# (which also answers, with an error reply, a message that expired or whose node went away) is still made, only
+# less often (``server_app.nodes.send_and_receive``).
+def replied(state, message_ids: set[str]) -> list[str]:
+    """Those of ``message_ids`` whose reply is in ``state`` and not yet pulled."""
+    if not getattr(state, "_pfl_checked", False):  # once per state: the check reads signatures
+        check_link_state(state)
+        state._pfl_checked = True
+    with state.lock:
+        replies = list(state.message_ins_id_to_message_res_id)
+    return [i for i in replies if i in message_ids]

@@ -399,10 +399,18 @@ MODELS: dict[str, Callable[..., SplitModel]] = {
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **kwargs) -> SplitModel:
-    """Build a registered model by name; extra kwargs go to the builder (e.g. dnn's `hidden`)."""
+    """Build a registered model by name, or the user's ``package.module:factory`` (``fedcore/user_models.py``);
+    extra kwargs go to the builder (e.g. dnn's `hidden`)."""
+    from fedcore.user_models import build_user_model, is_user_model
+
+    if is_user_model(name):
+        if kwargs:
+            raise ValueError(f"model {name!r} is the user's own; it takes no builder options {sorted(kwargs)}")
+        return build_user_model(name, tuple(int(s) for s in input_shape), int(num_classes))
     key = name.lower()
     if key not in MODELS:
-        raise ValueError(f"unknown model '{name}'; valid names: {', '.join(sorted(MODELS))}")
+        raise ValueError(f"unknown model '{name}'; valid names: {', '.join(sorted(MODELS))}, or your own as "
+                         f"package.module:factory")
     return MODELS[key](tuple(int(s) for s in input_shape), int(num_classes), **kwargs)
 
 

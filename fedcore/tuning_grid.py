@@ -1,5 +1,7 @@
-"""The tuning protocol of every comparison (issue #45): one place that names, per method, the (at most two)
-hyperparameters of its own that matter most and the grid each is chosen from.
+"""The tuning protocol of every comparison (issue #45). Each method's declaration (``fedcore/methods/<m>.py``)
+names, as its ``TUNING_GRID``, the (at most two) hyperparameters of its own that matter most and the grid each is
+chosen from (``product`` below builds one): at most ``MAX_SETTINGS`` settings over at most ``MAX_KEYS`` names, the
+method's default in every grid, so tuning can only move it where validation says so.
 
 Every row of a comparison gets the same budget: at most ``MAX_SETTINGS`` settings, one seed, ``ROUNDS_FRACTION``
 of the preset's rounds, the setting with the best validation accuracy (test accuracy is never read) unless the
@@ -9,7 +11,7 @@ partition scheme): ``python -m benchmarks.tune conf/<preset>.toml`` runs it and 
 (``load_tuned``). The common keys (``COMMON_KEYS``) are not tuned: they are the preset's, equal for every row
 unless the preset says why not (``[compare] unequal``).
 
-A method without an entry has no hyperparameter of its own that changes what it learns (FedAvg, local, FedPer,
+A method without a grid has no hyperparameter of its own that changes what it learns (FedAvg, local, FedPer,
 majority, FedNova, FedRoD's default loss): it runs at the common keys alone.
 """
 
@@ -32,39 +34,12 @@ def product(**values: list) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*values.values())]
 
 
-# method -> its settings (hyperparameter name without the "<method>." prefix -> value), at most MAX_SETTINGS,
-# over at most MAX_KEYS names. The method's default is in every grid, so tuning can only move it where
-# validation says so.
-GRIDS: dict[str, list[dict]] = {
-    "fedprox": product(mu=[0.001, 0.01, 0.1, 0.5, 1.0]),
-    "fedproto": product(**{"lambda": [0.1, 1.0, 5.0]}),
-    "ditto": product(**{"lambda": [0.01, 0.1, 0.5, 1.0, 2.0]}),
-    "fedrep": product(**{"head-epochs": [1, 5, 10]}),
-    "fedavg-ft": product(epochs=[1, 3, 5]),
-    "fedmcsa": product(variant=["authors-code", "paper"], sigma=[10.0, 50.0, 100.0]),
-    "pfedpm": product(a=[0.25, 0.5, 0.75], **{"lambda": [0.1, 1.0, 5.0]}),
-    "fedfcd": product(**{"lambda": [0.0, 0.1, 1.0, 5.0]}),
-    "mupfl": product(**{"head-epochs": [10, 30, 50]}),
-    # the matching's step is on another scale for each optimiser: a list, not a product
-    "creff": [{"match-optimizer": "adam", "match-lr": lr} for lr in (0.003, 0.01, 0.03)]
-    + [{"match-optimizer": "sgd", "match-lr": lr} for lr in (0.1, 1.0, 10.0)],
-    "fedsac": product(alpha=[0.5, 0.7, 0.9], beta=[1.0, 1.4, 1.6]),
-    "pfedgraph": product(alpha=[0.6, 0.8, 0.9], **{"lambda": [0.001, 0.01, 0.1]}),
-    "per-fedavg": product(alpha=[0.001, 0.003, 0.01, 0.03, 0.1]),
-    "pfedme": product(**{"lambda": [1.0, 5.0, 15.0, 30.0], "personal-lr": [0.01, 0.05]}),
-    "l2gd": product(p=[0.05, 0.1, 0.3], **{"lambda": [0.1, 1.0, 10.0]}),
-    "fedgh": product(**{"server-lr": [0.001, 0.01, 0.1]}),
-    "gpfl": product(**{"lambda": [0.001, 0.01, 0.1], "mu": [0.01, 0.1, 1.0]}),
-    "fedamp": product(**{"alpha-k": [0.25, 0.5, 1.0], "lambda": [0.1, 1.0, 3.0]}),
-    "heurfedamp": product(**{"self-weight": [0.1, 0.3, 0.5], "sigma": [1.0, 10.0, 30.0]}),
-    "cfl": product(eps1=[0.1, 0.15, 0.25], eps2=[0.4, 0.6, 0.8]),
-    "fesem": product(clusters=[2, 3, 4, 5]),
-}
-
-
 def settings(method: str) -> list[dict]:
-    """The method's grid as run-config keys (``<method>.<name>``); [] for a method with nothing to tune."""
-    return [{f"{method}.{k}": v for k, v in s.items()} for s in GRIDS.get(method, [])]
+    """The method's grid (its declaration's ``TUNING_GRID``) as run-config keys (``<method>.<name>``); [] for a
+    method with nothing to tune."""
+    from fedcore.registry import get_method
+
+    return [{f"{method}.{k}": v for k, v in s.items()} for s in get_method(method).tuning_grid]
 
 
 def tuned_keys(method: str) -> list[str]:

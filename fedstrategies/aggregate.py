@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
+from fedcore.models import one_torch_thread
+
 
 def weighted_average(states: Iterable[dict[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
     """Sample-weighted mean of model states, tensor by tensor (FedAvg's rule).
@@ -16,7 +18,9 @@ def weighted_average(states: Iterable[dict[str, np.ndarray]], weights: Sequence[
     memory stays at one model whatever the number of clients. The accumulation is torch's fused
     ``add_(x, alpha=w)`` (one pass, no temporary; three times faster than numpy's ``acc += w * x``).
     Integer tensors (BatchNorm's ``num_batches_tracked``) are counters, not parameters: they take
-    the maximum instead of a mean.
+    the maximum instead of a mean. One torch thread: the accumulation is memory-bound, and in a
+    simulation the ServerApp shares the cores with its client actors (100 FedAvgCNN states on a busy
+    2-core machine: 7.7 s with 2 threads, 0.30 s with one).
     """
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or len(w) == 0 or (w < 0).any() or w.sum() <= 0:
@@ -25,7 +29,7 @@ def weighted_average(states: Iterable[dict[str, np.ndarray]], weights: Sequence[
     acc: dict[str, torch.Tensor | np.ndarray] = {}
     dtypes: dict[str, np.dtype] = {}
     count = 0
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), one_torch_thread():
         # replies are read-only views into message bytes; they are only read here
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for state in states:

@@ -14,6 +14,7 @@ it is called, with what, and what it returns):
 ``check_reply``        method-specific checks of one reply (return a reason to drop it)
 ``aggregate``          the server rule on the round's valid replies, in partition-id order
 ``evaluate_payload``   records one client needs to evaluate; ``evaluate_config``: config values
+``sample_evaluate``    which partition ids evaluate this round (all, or a seeded ``fraction-evaluate`` sample)
 =====================  ==========================================================================
 
 All per-client state is keyed by partition id (node ids are random per run). Replies that are
@@ -65,6 +66,17 @@ class ServerStateError(RuntimeError):
 def ceil_fraction(fraction: float, n: int) -> int:
     """``ceil(fraction * n)`` clamped to 1..n, robust to float noise (0.1 * 30 is 3, not 4)."""
     return min(n, max(1, math.ceil(fraction * n - 1e-9)))
+
+
+EVALUATE_STREAM = 13  # the evaluation sample's seed stream (training's is 11): the two samples are independent
+
+
+def evaluation_at(cfg: Config, server_round: int) -> str | None:
+    """What evaluation round ``server_round`` has: "all" (every client) on the eval-every rounds and the last,
+    "sample" in the rounds between them when ``fraction-evaluate`` < 1, None (no evaluation) otherwise."""
+    if server_round % cfg["eval-every"] == 0 or server_round == cfg["num-server-rounds"]:
+        return "all"
+    return "sample" if cfg["fraction-evaluate"] < 1.0 else None
 
 
 class PersonalizedStrategy(ReplyValidation, Strategy):
@@ -216,7 +228,7 @@ class PersonalizedStrategy(ReplyValidation, Strategy):
         return None
 
     def evaluate_payload(self, pid: int, server_round: int) -> Payload:
-        """Records client ``pid`` needs to evaluate its personalised model (all clients evaluate)."""
+        """Records client ``pid`` needs to evaluate its personalised model (the clients of ``sample_evaluate``)."""
         return {}
 
     def evaluate_config(self, pid: int, server_round: int) -> dict:
@@ -224,11 +236,11 @@ class PersonalizedStrategy(ReplyValidation, Strategy):
         return {}
 
     # ================================================================= helpers for methods
-    def sample_clients(self, fraction: float, server_round: int, stream: int = 11) -> list[int]:
-        """``ceil(fraction * N)`` partition ids, uniformly without replacement, seeded by (seed, round,
-        stream); all of them, in order, when the fraction covers everyone."""
+    def sample_clients(self, fraction: float, server_round: int, stream: int = 11, at_least: int = 1) -> list[int]:
+        """``ceil(fraction * N)`` (and at least ``at_least``) partition ids, uniformly without replacement, seeded
+        by (seed, round, stream); all of them, in order, when the count covers everyone."""
         pids = list(self.clients)
-        k = ceil_fraction(fraction, len(pids))
+        k = max(ceil_fraction(fraction, len(pids)), min(at_least, len(pids)))
         if k >= len(pids):
             return pids
         rng = np.random.default_rng([self.cfg["seed"], server_round, stream])
@@ -332,9 +344,18 @@ class PersonalizedStrategy(ReplyValidation, Strategy):
         metrics.update(self._method_metrics(extra, valid))
         return None, MetricRecord(metrics)
 
+    def sample_evaluate(self, server_round: int) -> list[int]:
+        """Partition ids that get an evaluate message this round: every client, except in a round between the
+        eval-every rounds (``evaluation_at`` "sample"), where ``ceil(fraction-evaluate * N)`` of them, at least
+        ``min-evaluate-clients``, are drawn seeded by (seed, round) as ``sample_clients`` draws."""
+        if evaluation_at(self.cfg, server_round) != "sample":
+            return list(self.clients)
+        return self.sample_clients(self.cfg["fraction-evaluate"], server_round, EVALUATE_STREAM,
+                                   self.cfg["min-evaluate-clients"])
+
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        return self._messages("evaluate", MessageType.EVALUATE, server_round, list(self.clients),
+        return self._messages("evaluate", MessageType.EVALUATE, server_round, self.sample_evaluate(server_round),
                               lambda pid: (self.evaluate_payload(pid, server_round),
                                            self.evaluate_config(pid, server_round)))
 

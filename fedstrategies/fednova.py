@@ -88,12 +88,3 @@ class FedNovaStrategy(FedAvgStrategy):
                                                  [r.num_examples for r in replies],
                                                  [float(r.arrays[NORMALIZER][A_NORM][0]) for r in replies])
         self._packed = None
-
-    def example_reply(self, pid, phase, rng):
-        """A valid train reply for benchmarks.server_time (random noise is no valid ||a_i||_1)."""
-        if phase != "train":
-            return {}
-        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
-                   for k, v in self.global_weights.items()}
-        a = 1.0 + (self.most_steps(pid) - 1.0) * rng.random()
-        return {wire.WEIGHTS: wire.pack_arrays(weights), NORMALIZER: wire.pack_arrays({A_NORM: np.array([a])})}

@@ -42,13 +42,15 @@ def is_parameter(key: str) -> bool:
 class FedSaCStrategy(PersonalizedStrategy):
     """Per-client models mixed by the FedSaC collaboration graph.
 
-    State between rounds: ``personal`` (pid -> packed theta~_i), ``graph`` (W, N x N, rows and
-    columns in partition-id order; only blocks of sampled clients are ever written), ``num_examples``
-    (pid -> n_i of its last reply), ``references`` (the authors' regulariser vectors, in that mode),
-    and theta(0) (``initial_weights``).
+    State between rounds: ``personal`` (pid -> packed theta~_i), ``graph_rows`` (the rows of W the rounds
+    wrote: pid -> (partition ids, weights), each round writing the S_t x S_t block of its sampled clients),
+    ``num_examples`` (pid -> n_i of its last reply), ``references`` (the authors' regulariser vectors, in
+    that mode), and theta(0) (``initial_weights``). All of it grows with the clients aggregated so far, none
+    with N^2: no rule reads W outside the round's block, so the N x N matrix (``graph``) is only built when
+    asked for.
     """
 
-    checkpoint_attrs = ("personal", "references", "graph", "num_examples", "initial_weights")
+    checkpoint_attrs = ("personal", "references", "graph_rows", "num_examples", "initial_weights")
 
     def __init__(self, cfg, clients, model):
         super().__init__(cfg, clients, model)
@@ -57,9 +59,8 @@ class FedSaCStrategy(PersonalizedStrategy):
             import cvxpy  # noqa: F401  (seconds to import: once per run, not in the first round's time)
         self.personal: dict = {}
         self.references: dict = {}
-        self.graph = np.zeros((len(self.clients), len(self.clients)))
+        self.graph_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.num_examples: dict[int, int] = {}
-        self.row_of = {pid: i for i, pid in enumerate(self.clients)}
         self._packed_initial = wire.pack_arrays(self.initial_weights)
 
     def check_model(self, model) -> None:
@@ -115,8 +116,7 @@ class FedSaCStrategy(PersonalizedStrategy):
             self.store(pids, self.references, self.authors_references(graph, stacks))
         mixed = {key: aggregate_by_graph(graph, stacks.pop(key)) for key in list(stacks)}
         self.store(pids, self.personal, mixed)
-        rows = [self.row_of[pid] for pid in pids]
-        self.graph[np.ix_(rows, rows)] = graph
+        self.write_block(pids, graph)
         self.num_examples.update(zip(pids, (int(v) for v in n)))
 
         self.record_matrix("graph", graph)
@@ -171,24 +171,35 @@ class FedSaCStrategy(PersonalizedStrategy):
         for i, pid in enumerate(pids):
             into[pid] = wire.pack_arrays({key: value[i] for key, value in tensors.items()})
 
+    def write_block(self, pids: list[int], block: np.ndarray) -> None:
+        """W[pids, pids] = ``block``: row i keeps its weights to clients outside ``pids`` from earlier rounds."""
+        cols = np.asarray(pids, dtype=np.int64)
+        for pid, weights in zip(pids, np.asarray(block, dtype=np.float64)):
+            old_cols, old_weights = self.graph_rows.get(pid, (cols[:0], weights[:0]))
+            keep = ~np.isin(old_cols, cols)
+            merged_cols = np.concatenate([old_cols[keep], cols])
+            order = np.argsort(merged_cols, kind="stable")
+            self.graph_rows[pid] = (merged_cols[order], np.concatenate([old_weights[keep], weights])[order])
+
+    @property
+    def graph(self) -> np.ndarray:
+        """W as an N x N matrix (rows and columns in partition-id order, zeros where no round wrote): built on
+        each call, for inspection and tests of small runs."""
+        index = {pid: i for i, pid in enumerate(self.clients)}
+        dense = np.zeros((len(index), len(index)))
+        for pid, (cols, weights) in self.graph_rows.items():
+            dense[index[pid], [index[c] for c in cols.tolist()]] = weights
+        return dense
+
     def personal_weights(self, pid: int) -> dict[str, np.ndarray]:
         """theta~_i as numpy arrays (read-only views of the packed record)."""
         return wire.unpack_arrays(self.personal_record(pid))
 
     def load_state_dict(self, state):
+        dense = state["method"].pop("graph", None)  # a checkpoint written before graph_rows: its rows written
         super().load_state_dict(state)
+        if dense is not None:
+            pids = list(self.clients)
+            self.graph_rows = {pids[i]: (np.asarray(pids, dtype=np.int64)[np.flatnonzero(row)], row[row != 0])
+                               for i, row in enumerate(np.asarray(dense)) if row.any()}
         self._packed_initial = wire.pack_arrays(self.initial_weights)
-
-    # ------------------------------------------------------------ the server benchmark
-    def example_reply(self, pid, phase, rng):
-        """A realistic train reply for benchmarks.server_time: theta(0) plus noise and an
-        orthonormal basis (random noise would fail the orthonormality check)."""
-        if phase != "train":
-            return {}
-        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
-                   for k, v in self.initial_weights.items()}
-        reply = {wire.WEIGHTS: wire.pack_arrays(weights)}
-        if SUBSPACE in self.reply_schema(pid):  # pFedGraph's replies have none
-            basis, _ = np.linalg.qr(rng.standard_normal((self.model.feature_dim, self.hp["k"])))
-            reply[SUBSPACE] = wire.pack_arrays({BASIS: basis.astype(np.float32)})
-        return reply

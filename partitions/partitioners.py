@@ -6,6 +6,8 @@ of samples, then the client shuffles its pool and keeps the first ``train-fracti
 training, the rest for testing (PFLlib). With ``val-fraction`` > 0 every client then moves that
 share of its training samples (at least one) to a validation split, drawn with a seed stream of its
 own: the train/test split is the one a run without validation gets, less the validation samples.
+With ``max-train-samples`` > 0 each client then keeps a seeded, label-stratified subset of at most that
+many training samples (``train_cap``); its test and validation splits stay as they are.
 Schemes:
 
 * ``iid``            seeded shuffle, near-equal split.
@@ -30,8 +32,10 @@ Schemes:
 
                      Indices refer to the dataset order documented in ``partitions.datasets``.
 
-We write these on numpy rather than flwr-datasets' partitioners: those act on Hugging Face
-datasets per split and differ from PFLlib's ``dir``/``pat`` semantics we must reproduce.
+* ``flwr:<Name>``     any flwr-datasets partitioner on the pool (``partitions/flwr_partitioners.py``).
+
+We write our schemes on numpy rather than with flwr-datasets' partitioners: those differ from PFLlib's
+``dir``/``pat`` semantics we must reproduce; they stay available by name for users who split that way.
 """
 from __future__ import annotations
 
@@ -43,7 +47,9 @@ from typing import Callable
 
 import numpy as np
 
+from . import flwr_partitioners
 from .datasets import Dataset
+from .train_cap import TrainCapError, cap_clients
 
 MAX_ATTEMPTS = 1000  # Dirichlet resampling bound: an attempt costs ~0.5 ms on small pools, and
 # small pools need many (digits, 20 clients, Dir(0.1), min 40: ~0.3% of attempts succeed)
@@ -64,14 +70,15 @@ class ClientSplit:
 DEFAULT_PARAMS: dict = {
     "alpha": 0.1, "min-size": 0, "classes-per-client": 2, "balance": False, "n": 4, "k": 100,
     "stdev": 2, "imbalance-factor": 10.0, "pairs-mode": "disjoint", "file": "", "train-fraction": 0.75,
-    "val-fraction": 0.0,
+    "val-fraction": 0.0, "flwr-args": "", "max-train-samples": 0,
 }
 
 
 def _run_config_key(partition: str, key: str) -> str:
     """The run-config key a user sets for a partitioner option (what error messages must name)."""
     return {"train-fraction": "train-fraction", "val-fraction": "val-fraction", "pairs-mode": "pairs.mode",
-            "file": "file.path"}.get(
+            "max-train-samples": "max-train-samples",
+            "file": "file.path", "flwr-args": "flwr-partitioner.args"}.get(
         key, f"{partition}.{key}")
 
 
@@ -374,9 +381,15 @@ def _build_cached(dataset: Dataset, partition: str, n: int, seed: int, items: tu
     p = dict(items)
     if not 0 <= p["val-fraction"] < 1:
         raise PartitionError(f"'val-fraction' must be in [0, 1), got {p['val-fraction']}")
-    # the first two streams are those of a run without validation (spawn(3) begins as spawn(2) does)
-    part_seq, split_seq, val_seq = np.random.SeedSequence(seed).spawn(3)
-    out = PARTITIONS[partition](dataset, n, np.random.default_rng(part_seq), p)
+    # the first streams are those of a run without validation or cap (spawn(4) begins as spawn(2) does)
+    part_seq, split_seq, val_seq, cap_seq = np.random.SeedSequence(seed).spawn(4)
+    rng = np.random.default_rng(part_seq)
+    if flwr_partitioners.is_flwr(partition):
+        out = flwr_partitioners.pools(dataset, partition, n, rng, p["flwr-args"])
+    elif p["flwr-args"]:
+        raise PartitionError(f"'flwr-partitioner.args' is set, but partition is {partition!r}, not 'flwr:<Name>'")
+    else:
+        out = PARTITIONS[partition](dataset, n, rng, p)
     if partition == "file":
         for i, s in enumerate(out):
             if len(s.train) < 1 or len(s.test) < 1:
@@ -388,6 +401,12 @@ def _build_cached(dataset: Dataset, partition: str, n: int, seed: int, items: tu
         out = _train_test(out, p["train-fraction"], np.random.default_rng(split_seq), partition)
     if p["val-fraction"] > 0:
         out = _carve_validation(out, p["val-fraction"], np.random.default_rng(val_seq), partition)
+    if p["max-train-samples"]:  # after validation is carved: test and validation are the same at every cap
+        try:
+            trains = cap_clients([s.train for s in out], dataset.y, p["max-train-samples"], cap_seq, partition)
+        except TrainCapError as err:
+            raise PartitionError(str(err)) from None
+        out = [ClientSplit(t, s.test, s.val) for t, s in zip(trains, out)]
     return tuple(out)
 
 
@@ -395,8 +414,9 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
                  params: dict | None = None) -> list[ClientSplit]:
     """Deterministic per-client train/test (and validation) indices; cached per process (every
     client calls it)."""
-    if partition not in PARTITIONS:
-        raise PartitionError(f"unknown partition '{partition}'; valid: {', '.join(PARTITIONS)}")
+    if partition not in PARTITIONS and not flwr_partitioners.is_flwr(partition):
+        raise PartitionError(f"unknown partition '{partition}'; valid: {', '.join(PARTITIONS)}, or "
+                             f"flwr:<a flwr-datasets partitioner>")
     p = _parse_params(params, partition)
     n, total = int(num_clients), len(dataset.y)
     if n < 1:
@@ -405,7 +425,7 @@ def build_splits(dataset: Dataset, partition: str, num_clients: int, seed: int,
         raise PartitionError(f"seed must be a non-negative integer, got {seed}")
     if total < 2 * n:
         raise PartitionError(f"too few samples: dataset '{dataset.name}' has {total} samples, fewer than "
-                             f"2 per client for {n} clients; use at most {total // 2} clients")
+                             f"2 per client for {n} clients")
     stamp = None
     if partition == "file" and p["file"] and os.path.exists(p["file"]):
         st = os.stat(p["file"])  # a rewritten file must not hit a stale cache entry
@@ -434,6 +454,16 @@ def write_split_file(path: str, dataset_name: str, splits: list[ClientSplit]) ->
                        for s in splits]}
     with open(path, "w") as f:
         json.dump(doc, f)
+
+
+def data_card(dataset: Dataset, splits: list[ClientSplit], partition: str) -> str:
+    """One line a run prints at start: the pool (samples, classes, input shape) and the clients' sizes."""
+    sizes = np.array([len(s.train) + len(s.val) + len(s.test) for s in splits])
+    present = int(np.count_nonzero(np.bincount(dataset.y, minlength=dataset.num_classes)))
+    return (f"data card: {dataset.name}: {len(dataset)} samples, {dataset.num_classes} classes"
+            + (f" ({present} present)" if present != dataset.num_classes else "")
+            + f", input shape {tuple(dataset.input_shape)}; partition {partition}: {len(splits)} clients, "
+            f"samples per client min {sizes.min()} / median {np.median(sizes):g} / max {sizes.max()}")
 
 
 def label_counts(y: np.ndarray, splits: list[ClientSplit], num_classes: int) -> np.ndarray:

@@ -97,11 +97,12 @@ def pool_context(*devices: str) -> multiprocessing.context.BaseContext:
 def run_inprocess(run_config: dict, num_clients: int, faults: FaultHook | None = None) -> tuple[dict, InProcessGrid]:
     """Run one experiment in this process; returns its summary and the grid (for inspection)."""
     from clients.app import app as client_app
-    from fedcore.config import Config, check_data, check_partition
+    from fedcore.config import Config, check_data, check_model, check_partition
     from server_app.app import run_experiment
 
     cfg = Config.from_run_config(run_config)
     check_data(cfg)  # refused before any client starts
-    check_partition(cfg, num_clients)
+    print(check_partition(cfg, num_clients), flush=True)
+    check_model(cfg, num_clients)
     grid = InProcessGrid(client_app, num_clients, run_config, faults=faults)
     return run_experiment(grid, cfg), grid

@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from fedcore import flower_patches
-from fedcore.config import check_partition
+from fedcore.config import check_model, check_partition
 from runner import flower_cli as fc
 from runner.fast_runtime import FAST_TASK_POLL_S, TASK_POLL_ENV
 from runner.memory_budget import check_launch
@@ -127,13 +127,18 @@ def simulate(run_config: dict[str, object], *, supernodes: int, app_dir: Path = 
     as shipped). ``ray_address``: join that Ray cluster (``HOST:PORT`` of its head) instead of starting a private
     head; one this machine cannot reach raises ``ClusterUnreachable`` here, before anything starts."""
     app_dir = Path(app_dir).resolve()
+    if str(app_dir) not in sys.path:  # the app's own modules (a py: dataset, a model factory), as flwr run has them
+        sys.path.insert(0, str(app_dir))
     config = fc.resolve_config(run_config, app_dir, app_dir / "results")
     cfg = fc.check_config(config, app_dir)  # fails in about a second, before the SuperLink and Ray start
     if ray_address:
         check_cluster(ray_address)
     else:
-        check_launch(supernodes, cpus_per_client)  # NotEnoughMemory (a ConfigError) for a run that would not fit
-    check_partition(cfg, supernodes)  # a split the clients could not make is refused here, not in each of them
+        check_launch(supernodes, cpus_per_client, cfg)  # NotEnoughMemory (a ConfigError): a run that would not fit
+    print(check_partition(cfg, supernodes), flush=True)  # a split the clients could not make is refused here
+    model_card = check_model(cfg, supernodes)  # so is a user's model that cannot work
+    if model_card:
+        print(model_card, flush=True)
     if gpus_per_client is None:
         gpus_per_client = gpu_share(cfg["device"], supernodes, cpus_per_client)
     elif gpus_per_client <= 0 and str(cfg["device"]).startswith("cuda"):

@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from server_app.results import accuracy_summary
+from server_app.results import SAMPLED_EVAL, accuracy_summary
 
 FILE = "runs.json.gz"
 SCALARS = ("bytes_up_per_round", "bytes_down_per_round", "wall_s_per_round")
@@ -29,7 +29,10 @@ def _number(text: str):
 
 
 def _is_series(column: str) -> bool:
-    return (column.startswith(("acc_", "val_acc_")) or column.startswith("eval_")) and column not in NOT_SERIES
+    """Kept per evaluated round: the accuracies, method evaluation columns, and the size of a sampled evaluation
+    (which keeps such rounds out of the recomputed summary, as out of the run's own)."""
+    return ((column.startswith(("acc_", "val_acc_")) or column.startswith("eval_")) and column not in NOT_SERIES
+            or column == SAMPLED_EVAL)
 
 
 def collect(folder: Path, label: str, seed: int, code: dict | None = None) -> dict:

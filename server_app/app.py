@@ -29,10 +29,10 @@ from fedcore.config import Config
 from fedcore.models import model_facts
 from fedcore.registry import get_method
 from fedstrategies import server_device
-from fedstrategies.base import ClientInfo
+from fedstrategies.base import ClientInfo, PersonalizedStrategy, evaluation_at
 from server_app import checkpoints
 from server_app.nodes import Membership, StartupError, send_and_receive  # noqa: F401 (StartupError: re-exported)
-from server_app.results import ResultsWriter, format_summary, run_folder, validation_columns
+from server_app.results import SAMPLED_EVAL, ResultsWriter, format_summary, run_folder, validation_columns
 from server_app.tracking import Tracking
 
 app = ServerApp()
@@ -140,7 +140,6 @@ def _run(grid: Grid, cfg: Config, t0: float, t0_is: str) -> dict:
 
     strategy = method.strategy(cfg, clients, model_facts(cfg["model"], input_shape, num_classes, cfg["seed"]))
     strategy.summary()
-    timeout = cfg["round-timeout"]
     first_round = 1
     if checkpoint is not None:
         _check_same_clients(clients, {pid: ClientInfo(**info) for pid, info in checkpoint["clients"].items()})
@@ -151,76 +150,10 @@ def _run(grid: Grid, cfg: Config, t0: float, t0_is: str) -> dict:
     else:
         strategy.run_token = uuid.uuid4().hex
 
-    def save_checkpoint(server_round: int) -> None:
-        checkpoints.save(writer.dir, server_round, {
-            "token": strategy.run_token, "strategy": strategy.state_dict(), "writer": writer.state(),
-            "config": cfg.to_dict(), "clients": {pid: dataclasses.asdict(info) for pid, info in clients.items()}},
-            cfg["checkpoint-keep"])
-
-    # round 0: the preparation phase, for methods that ask for one
-    start = time.monotonic()
-    prep_startup = time.time() - t0  # start-up ends where round 0 starts, for a method that has one
-    msgs = strategy.configure_prepare(grid) if first_round == 1 else []
-    prepared = bool(msgs)
-    if msgs:
-        replies, _ = _exchange(grid, msgs, timeout)
-        metrics = strategy.aggregate_prepare_replies(replies)
-        row = {"round": 0, "replies": metrics["replies"], "dropped": metrics["dropped"],
-               **_method_columns(metrics, "m_"), "wall_s": time.monotonic() - start, "startup_s": prep_startup}
-        row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies))
-        writer.add_round(row, None, strategy.round_matrices)
-        writer.add_placement(0, "prepare", replies)
-        tracking.round(row, None, strategy.round_matrices)
-        strategy.round_matrices = {}
-        save_checkpoint(0)
-        log(INFO, "[round 0] preparation: %s replies (dropped %s)  %.2f s", row["replies"], row["dropped"],
-            row["wall_s"])
-
-    empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
-    rounds = cfg["num-server-rounds"]
-    for rnd in range(first_round, rounds + 1):
-        start = time.monotonic()
-        membership.refresh(strategy, rnd)
-        startup = time.time() - t0 if rnd == first_round and not prepared else ""
-        msgs = list(strategy.configure_train(rnd, empty_arrays, empty_config, grid))
-        replies, _ = _exchange(grid, msgs, timeout)
-        lost_before = len(strategy.state_lost)
-        _, train_metrics = strategy.aggregate_train(rnd, replies)
-        row = {"round": rnd, "replies": train_metrics["replies"], "dropped": train_metrics["dropped"],
-               "train_loss": train_metrics.get(wire.TRAIN_LOSS, ""),
-               "state_round_min": train_metrics.get("state-round-min", ""),
-               **_method_columns(train_metrics, "m_")}
-        evaluation, eval_msgs = None, []
-        eval_start = time.monotonic()
-        if rnd % cfg["eval-every"] == 0 or rnd == rounds:
-            eval_msgs = list(strategy.configure_evaluate(rnd, empty_arrays, empty_config, grid))
-            eval_replies, _ = _exchange(grid, eval_msgs, timeout)
-            evaluation = strategy.aggregate_evaluate(rnd, eval_replies)
-            if evaluation is not None:
-                row.update(acc_weighted=evaluation["acc-weighted"], acc_client_mean=evaluation["acc-client-mean"],
-                           acc_client_std=evaluation["acc-client-std"], loss=evaluation["loss"],
-                           eval_clients=evaluation["eval-clients"], **validation_columns(evaluation),
-                           **_method_columns(evaluation, "eval_"))
-        row["wall_s"] = time.monotonic() - start
-        row["eval_s"] = time.monotonic() - eval_start if eval_msgs else ""
-        row["startup_s"] = startup
-        row["state_lost"] = len(strategy.state_lost) - lost_before
-        row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies), eval_bytes_down=_bytes(eval_msgs))
-        writer.add_round(row, evaluation, strategy.round_matrices)
-        writer.add_placement(rnd, "train", replies)
-        if eval_msgs:
-            writer.add_placement(rnd, "evaluate", eval_replies)
-        tracking.round(row, evaluation, strategy.round_matrices)
-        strategy.round_matrices = {}
-        save_checkpoint(rnd)
-        acc = f"{100 * row['acc_weighted']:.2f}%" if "acc_weighted" in row else "-"
-        if "val_acc_weighted" in row:
-            acc += f" (validation {100 * row['val_acc_weighted']:.2f}%)"
-        done = [r["wall_s"] for r in writer.rounds if r["round"] >= 1]
-        eta = sum(done) / len(done) * (rounds - rnd)
-        log(INFO, "[round %s/%s] acc %s  train-loss %s  replies %s (dropped %s)  %.2f s  elapsed %.0f s  left ~%.0f s",
-            rnd, rounds, acc, f"{row['train_loss']:.4f}" if row["train_loss"] != "" else "-", row["replies"],
-            row["dropped"], row["wall_s"], writer.elapsed(), eta)
+    rounds = _Rounds(grid, cfg, strategy, membership, writer, tracking, clients, t0)
+    prepared = first_round == 1 and rounds.prepare()
+    for rnd in range(first_round, cfg["num-server-rounds"] + 1):
+        rounds.train(rnd, startup=rnd == first_round and not prepared)
     summary = writer.finish(len(clients), strategy.dropped)
     tracking.finish(summary)
     if os.environ.get("PFL_LAUNCHER"):  # the launcher prints the table itself, once
@@ -228,3 +161,98 @@ def _run(grid: Grid, cfg: Config, t0: float, t0_is: str) -> dict:
     else:
         log(INFO, "\n%s", format_summary(summary))
     return summary
+
+
+class _Rounds:
+    """The rounds of one run: each exchanges its messages, makes its rounds.csv row and records it (results,
+    placement, tracker, checkpoint) the same way, round 0 (the preparation phase) and training rounds alike."""
+
+    def __init__(self, grid: Grid, cfg: Config, strategy: PersonalizedStrategy, membership: Membership,
+                 writer: ResultsWriter, tracking: Tracking, clients: dict[int, ClientInfo], t0: float):
+        self.grid, self.cfg, self.strategy, self.membership = grid, cfg, strategy, membership
+        self.writer, self.tracking, self.t0 = writer, tracking, t0
+        self.clients = clients  # as they connected at the start: what a checkpoint checks a resume against
+        self.empty_arrays, self.empty_config = ArrayRecord(), ConfigRecord()
+
+    def _exchange(self, msgs: list[Message]) -> list[Message]:
+        return _exchange(self.grid, msgs, self.cfg["round-timeout"])[0]
+
+    def prepare(self) -> bool:
+        """Round 0 for a method that asks for one; whether there was one (start-up then ends where it starts)."""
+        start, startup = time.monotonic(), time.time() - self.t0
+        msgs = self.strategy.configure_prepare(self.grid)
+        if not msgs:
+            return False
+        replies = self._exchange(msgs)
+        metrics = self.strategy.aggregate_prepare_replies(replies)
+        row = {**_reply_columns(0, metrics), "wall_s": time.monotonic() - start, "startup_s": startup,
+               "bytes_down": _bytes(msgs), "bytes_up": _bytes(replies)}
+        self._record(row, None, [("prepare", replies)])
+        log(INFO, "[round 0] preparation: %s replies (dropped %s)  %.2f s", row["replies"], row["dropped"],
+            row["wall_s"])
+        return True
+
+    def train(self, rnd: int, startup: bool) -> None:
+        """One training round and, where ``evaluation_at`` says so, its evaluation (all clients or a sample)."""
+        strategy, start = self.strategy, time.monotonic()
+        self.membership.refresh(strategy, rnd)  # SuperNodes that left or came back
+        startup_s = time.time() - self.t0 if startup else ""
+        msgs = list(strategy.configure_train(rnd, self.empty_arrays, self.empty_config, self.grid))
+        replies = self._exchange(msgs)
+        lost_before = len(strategy.state_lost)
+        _, train_metrics = strategy.aggregate_train(rnd, replies)
+        row = _reply_columns(rnd, train_metrics, train_loss=train_metrics.get(wire.TRAIN_LOSS, ""),
+                             state_round_min=train_metrics.get("state-round-min", ""))
+        evaluation, eval_msgs, eval_replies = None, [], []
+        eval_start = time.monotonic()
+        if evaluation_at(self.cfg, rnd) is not None:
+            eval_msgs = list(strategy.configure_evaluate(rnd, self.empty_arrays, self.empty_config, self.grid))
+            eval_replies = self._exchange(eval_msgs)
+            evaluation = strategy.aggregate_evaluate(rnd, eval_replies)
+            if evaluation is not None:
+                row.update(acc_weighted=evaluation["acc-weighted"], acc_client_mean=evaluation["acc-client-mean"],
+                           acc_client_std=evaluation["acc-client-std"], loss=evaluation["loss"],
+                           eval_clients=evaluation["eval-clients"], **validation_columns(evaluation),
+                           **_method_columns(evaluation, "eval_"))
+            if len(eval_msgs) < len(strategy.clients):  # a sample: its accuracy never chooses the best round
+                row[SAMPLED_EVAL] = len(eval_msgs)
+        row["wall_s"] = time.monotonic() - start
+        row["eval_s"] = time.monotonic() - eval_start if eval_msgs else ""
+        row["startup_s"] = startup_s
+        row["state_lost"] = len(strategy.state_lost) - lost_before
+        row.update(bytes_down=_bytes(msgs), bytes_up=_bytes(replies), eval_bytes_down=_bytes(eval_msgs))
+        self._record(row, evaluation, [("train", replies)] + ([("evaluate", eval_replies)] if eval_msgs else []))
+        self._log(row)
+
+    def _record(self, row: dict, evaluation, placements: list[tuple[str, list[Message]]]) -> None:
+        """A finished round into the results, the tracker and a checkpoint."""
+        strategy, writer = self.strategy, self.writer
+        writer.add_round(row, evaluation, strategy.round_matrices)
+        for phase, replies in placements:
+            writer.add_placement(row["round"], phase, replies)
+        self.tracking.round(row, evaluation, strategy.round_matrices)
+        strategy.round_matrices = {}
+        checkpoints.save(writer.dir, row["round"], {
+            "token": strategy.run_token, "strategy": strategy.state_dict(), "writer": writer.state(),
+            "config": self.cfg.to_dict(),
+            "clients": {pid: dataclasses.asdict(info) for pid, info in self.clients.items()}},
+            self.cfg["checkpoint-keep"])
+
+    def _log(self, row: dict) -> None:
+        rnd, rounds = row["round"], self.cfg["num-server-rounds"]
+        acc = f"{100 * row['acc_weighted']:.2f}%" if "acc_weighted" in row else "-"
+        if "val_acc_weighted" in row:
+            acc += f" (validation {100 * row['val_acc_weighted']:.2f}%)"
+        if SAMPLED_EVAL in row:
+            acc += f" (a sample of {row[SAMPLED_EVAL]} clients)"
+        done = [r["wall_s"] for r in self.writer.rounds if r["round"] >= 1]
+        eta = sum(done) / len(done) * (rounds - rnd)
+        log(INFO, "[round %s/%s] acc %s  train-loss %s  replies %s (dropped %s)  %.2f s  elapsed %.0f s  left ~%.0f s",
+            rnd, rounds, acc, f"{row['train_loss']:.4f}" if row["train_loss"] != "" else "-", row["replies"],
+            row["dropped"], row["wall_s"], self.writer.elapsed(), eta)
+
+
+def _reply_columns(rnd: int, metrics, **more) -> dict:
+    """A round's first rounds.csv columns: its number, valid and dropped replies, ``more``, the method's ``m_*``."""
+    return {"round": rnd, "replies": metrics["replies"], "dropped": metrics["dropped"], **more,
+            **_method_columns(metrics, "m_")}

@@ -34,14 +34,18 @@ from fedcore import flower_patches
 
 PULL_INTERVALS_S = (0.01, 0.05)  # first and longest wait between pulls (each wait 1.5x the last)
 IN_MEMORY_PULL_INTERVAL_S = 0.01  # simulation: a pull is a dict lookup, Flower's default waits 0.1 s
+FULL_PULL_S = 1.0  # simulation: Flower's pull of every awaited message (expired ones answered) at least this apart
+FULL_PULL_SHARE = 0.05  # ... and at most this share of the wall time (a full pull costs a check per message)
 
 
 def tune_grid(grid: Grid) -> None:
     """Shorten Flower's waits for replies, once per run, before the first exchange.
 
     Simulation (``InMemoryGrid``): its ``send_and_receive`` sleeps ``pull_interval`` (0.1 s) between
-    pulls, so each phase ended up to 0.1 s after its last reply, twice per round; 10 ms instead; and an
-    actor of a lost Ray node leaves the engine's pool (``flower_patches.dead_actors``, any runtime).
+    pulls, so each phase ended up to 0.1 s after its last reply, twice per round; 10 ms instead; an
+    actor of a lost Ray node leaves the engine's pool (``flower_patches.dead_actors``, any runtime); and
+    the engine finds each node's messages in an index instead of a scan of every stored message
+    (``flower_patches.indexed_message_ins``, any runtime: a pass cost N x M checks).
     Deployed (``HttpGrid``), in a fast-runtime run only (``PFL_RUNTIME=fast``): a reply's objects that are not on
     the SuperLink yet are retried after 10 ms, not Flower's fixed 1 s (``flower_patches.object_pulls``).
     """
@@ -51,6 +55,8 @@ def tune_grid(grid: Grid) -> None:
     if isinstance(grid, InMemoryGrid):
         grid.pull_interval = IN_MEMORY_PULL_INTERVAL_S
         flower_patches.dead_actors()  # a lost Ray node costs only the replies it was computing
+        if flower_patches.scale_asked():
+            flower_patches.indexed_message_ins(grid.state)  # the cost of a message does not grow with the nodes
     elif isinstance(grid, HttpGrid) and flower_patches.asked():
         flower_patches.object_pulls(PULL_INTERVALS_S[1])
 
@@ -61,9 +67,11 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
     On Flower's deployed grid (``HttpGrid``, whose own loop sleeps 3 s) the waits between pulls grow
     from 10 ms to 50 ms: quick replies are seen at once, long training costs few requests (the
     ServerApp's ``main`` shortens the retries of a reply's objects likewise, once per run). In
-    simulation (``InMemoryGrid``, a pull is a look-up) every wait is the grid's ``pull_interval`` and,
-    in a fast-runtime run, the engine is woken as soon as the messages are in (``flower_patches.kick``).
-    Any other grid (in-process) keeps its own ``send_and_receive``.
+    simulation (``InMemoryGrid``) every wait is the grid's ``pull_interval``, a pull asks only for the
+    messages whose reply is in (``flower_patches.replied``; Flower checks every id it is asked for, so
+    pulling all W awaited ids every 10 ms cost W checks a pull) and, in a fast-runtime run, the engine is
+    woken as soon as the messages are in (``flower_patches.kick``). Any other grid (in-process) keeps its
+    own ``send_and_receive``.
     """
     from flwr.superlink.grid import InMemoryGrid
     from flwr.superlink.grid.http_grid import HttpGrid
@@ -76,7 +84,7 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
     if isinstance(grid, InMemoryGrid):  # simulation: the engine takes the messages now, not at its next poll
         if flower_patches.asked():
             flower_patches.kick()
-        first = longest = grid.pull_interval
+        return _pull_in_memory(grid, waiting, timeout)
     deadline = time.monotonic() + timeout
     replies: list[Message] = []
     wait = first
@@ -88,6 +96,30 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
             break
         time.sleep(wait)
         wait = min(wait * 1.5, longest)
+    return replies
+
+
+def _pull_in_memory(grid, waiting: set[str], timeout: float) -> list[Message]:
+    """The replies to ``waiting`` from a simulation's grid: every ``pull_interval`` those that are in,
+    and Flower's pull of all of them (which answers an expired message with an error reply) every
+    ``FULL_PULL_S`` s, at most ``FULL_PULL_SHARE`` of the time, and at the deadline."""
+    deadline = time.monotonic() + timeout
+    next_full = time.monotonic() + FULL_PULL_S
+    scaled = flower_patches.scale_asked()  # else every pull asks for every awaited message, as Flower's does
+    replies: list[Message] = []
+    while waiting:
+        start = time.monotonic()
+        full = start >= next_full or start >= deadline
+        asked = waiting if full or not scaled else flower_patches.replied(grid.state, waiting)
+        if asked:
+            got = list(grid.pull_messages(asked))
+            replies.extend(got)
+            waiting.difference_update(m.metadata.reply_to_message_id for m in got)
+        if full:
+            next_full = time.monotonic() + max(FULL_PULL_S, (time.monotonic() - start) / FULL_PULL_SHARE)
+        if not waiting or start >= deadline:
+            break
+        time.sleep(grid.pull_interval)
     return replies
 
 

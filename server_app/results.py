@@ -29,6 +29,9 @@ VAL_FIELDS = ["val_acc_weighted", "val_acc_client_mean", "val_loss"]  # after ac
 VAL_CLIENT_FIELDS = ["val_accuracy", "val_samples"]
 PLACEMENT_FIELDS = ["round", "phase", "partition_id", "node_ip", "ray_node_id", "host", "pid"]
 LAST_K = 10  # summary's "mean of the last evaluations": harder to flatter than a best-of-test
+# a round that evaluated a sample of the clients (fraction-evaluate < 1) has the sample's size in this column (a column
+# only runs with such rounds have); every summary accuracy comes from the rounds where every client was asked
+SAMPLED_EVAL = "sampled_eval"
 
 
 def validation_columns(evaluation) -> dict:
@@ -61,7 +64,10 @@ def best_validation(rows: list[dict]) -> dict:
 
 def default_run_name(cfg) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{stamp}"
+    from partitions.sources import is_source, short_name
+
+    dataset = short_name(cfg["dataset"]) if is_source(cfg["dataset"]) else cfg["dataset"]  # no path in a folder name
+    return f"{cfg['method']}-{dataset}-{cfg['partition'].replace(':', '-')}-s{cfg['seed']}-{stamp}"
 
 
 class RunFolderError(RuntimeError):
@@ -256,10 +262,17 @@ class ResultsWriter:
             plot_method_metrics(self.rounds, self.dir / "round_matrices" / "metrics.png", title=self.cfg["method"])
 
 
+def complete_rounds(evaluated: list[dict]) -> list[dict]:
+    """The evaluated rows where every client was asked to evaluate (not a ``fraction-evaluate`` sample): a
+    sample's accuracy is of other clients each round, so no best round or mean over rounds is taken from it."""
+    return [r for r in evaluated if not _is_number(r.get(SAMPLED_EVAL))]
+
+
 def accuracy_summary(evaluated: list[dict], final_round: int | None) -> dict:
     """Every accuracy of a run's summary from its evaluated rounds.csv rows (also what recomputes a table
     from the per-run data in docs/results): final, best-of-test, last-10 mean, at the best-validation round,
-    and the same for each method evaluation column."""
+    and the same for each method evaluation column, all over the complete rounds (``complete_rounds``)."""
+    evaluated = complete_rounds(evaluated)
     # "final" is the last round's evaluation; if that one failed there is no final accuracy
     last = evaluated[-1] if evaluated and evaluated[-1]["round"] == final_round else {}
     # best-of-test: the round best on the test split itself (optimistic); compare methods by

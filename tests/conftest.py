@@ -76,6 +76,7 @@ def small_config(tmp_path, **overrides) -> dict:
         "node-wait-s": 0, "seed": 0, "client-threads": 1, "plots": False,  # plots were a third of a run
         # the tests' own budget, not each method's paper setting (tests/test_paper_settings.py checks those)
         "local-steps": 0, "momentum": 0.0, "weight-decay": 0.0, "fraction-train": 1.0,
+        "val-fraction": 0.0,  # the tiny splits keep all their training data; validation tests set their own
         "device": test_device(), "server-device": test_device(), "deterministic": True,
     }
     config.update({"mupfl": SMALL_MUPFL, "creff": SMALL_CREFF}.get(overrides.get("method"), {}))

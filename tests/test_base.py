@@ -52,7 +52,7 @@ def test_method_config_values_reach_the_client_and_the_base_keys_stay(tmp_path, 
 def test_a_strategy_cannot_replace_the_config_record_or_its_base_keys(tmp_path):
     from fedcore.models import model_facts
     from fedstrategies.fedavg import FedAvgStrategy
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
 
     cfg = Config.from_run_config({"method": "fedavg", "dataset": "digits"})
     facts = model_facts("dnn", (64,), 10, 0)
@@ -309,10 +309,10 @@ def test_the_grid_delivers_copies_and_keeps_state_only_as_it_serialises(tmp_path
 
 
 def test_aggregation_ignores_arrival_order(tmp_path):
-    from benchmarks.server_time import fake_reply
+    from tests.fakes import fake_reply
     from fedcore.models import model_facts
     from fedstrategies.fedavg import FedAvgStrategy
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
 
     cfg = Config.from_run_config({"method": "fedavg", "dataset": "digits"})
     results = []

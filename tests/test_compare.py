@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import Config
-from runner.compare import Entry, aggregate_row, entries, load_preset, run_all, write_table
+from runner.compare import run_all
+from runner.compare_presets import Entry, entries, load_preset
+from runner.compare_rows import aggregate_row
+from runner.compare_table import write_table
 from runner.figures import write_figures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,15 +168,15 @@ def _result_tables():
 def test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv(table):
     """A table in docs/ whose columns or headers the current code no longer writes fails here; rebuild it with
     its preset, or `python -m runner.compare --rerender docs/results/<name>` where only the layout changed."""
-    from runner.compare import _footer_failures, read_table_csv, render_table
+    from runner.compare_table import footer_failures, read_table_csv, render_table
 
     preset = json.loads((table.parent / "preset.json").read_text())
-    rendered = render_table(read_table_csv(table.parent / "table.csv"), preset, _footer_failures(table))
+    rendered = render_table(read_table_csv(table.parent / "table.csv"), preset, footer_failures(table))
     assert table.read_text() == rendered
 
 
 def test_the_papers_numbers_sit_beside_ours_in_the_papers_metric():
-    from runner.compare import render_table
+    from runner.compare_table import render_table
 
     preset = {"compare": {"methods": ["a", "b"], "seeds": [0, 1]}, "run-config": {"dataset": "digits"},
               "paper": {"metric": "client mean", "values": {"a": 91.5}}}
@@ -195,7 +198,7 @@ def test_the_papers_numbers_sit_beside_ours_in_the_papers_metric():
 
 
 def test_a_paper_table_with_an_unknown_metric_or_row_is_refused(tmp_path):
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     base = '[compare]\nmethods = ["fedavg"]\n[run-config]\ndataset = "digits"\n'
     (tmp_path / "a.toml").write_text(base + '[paper]\nmetric = "best"\nvalues = { fedavg = 1.0 }\n')
@@ -209,6 +212,44 @@ def test_a_paper_table_with_an_unknown_metric_or_row_is_refused(tmp_path):
         load_preset(tmp_path / "c.toml")
 
 
+def test_a_sweep_table_becomes_one_row_per_combination_and_bad_ones_are_refused(tmp_path):
+    """[sweep]: the last key varies fastest; labels from the template (or method-value-value); a sweep without a
+    method, a value that is not a non-empty list, a template naming an unswept key, or a grid label that is already
+    a row are refused when the preset loads."""
+    base = ('[compare]\nmethods = ["fedavg"]\n[run-config]\ndataset = "digits"\n'
+            '[sweep]\nmethod = "fedprox"\n"fedprox.mu" = [0.1, 1.0]\nlr = [0.01, 0.05]\n')
+    (tmp_path / "a.toml").write_text(base)
+    preset = load_preset(tmp_path / "a.toml")
+    assert preset["compare"]["methods"] == ["fedavg", "fedprox-0.1-0.01", "fedprox-0.1-0.05", "fedprox-1-0.01",
+                                            "fedprox-1-0.05"]
+    rows = {e.label: e for e in entries(preset)}
+    assert (rows["fedprox-1-0.01"].method, rows["fedprox-1-0.01"].config) == ("fedprox", {"fedprox.mu": 1.0, "lr": 0.01})
+    (tmp_path / "b.toml").write_text(base.replace('method = "fedprox"\n', 'method = "fedprox"\nlabel = "p{fedprox.mu:g}-{lr:.3f}"\n'))
+    assert load_preset(tmp_path / "b.toml")["compare"]["methods"][1:3] == ["p0.1-0.010", "p0.1-0.050"]
+    for name, text, match in [("c", base.replace('method = "fedprox"\n', ""), "needs method"),
+                              ("d", base.replace("lr = [0.01, 0.05]", "lr = 0.01"), "not a non-empty list"),
+                              ("e", base.replace("lr = [0.01, 0.05]", "lr = []"), "not a non-empty list"),
+                              ("f", base.replace('method = "fedprox"\n', 'method = "fedprox"\nlabel = "p{mu}"\n'),
+                               "'mu' is not a swept key"),
+                              ("g", base.replace('method = "fedprox"\n', 'method = "fedprox"\nlabel = "fedavg"\n'),
+                               "already taken"),
+                              ("h", base.replace('method = "fedprox"\n', 'method = "fedprox"\nlabel = "p{lr}"\n'),
+                               "already taken")]:
+        (tmp_path / f"{name}.toml").write_text(text)
+        with pytest.raises(SystemExit, match=match):
+            load_preset(tmp_path / f"{name}.toml")
+
+
+@pytest.mark.parametrize("name", ["pfedpm-digits-sweep", "fedfcd-mnist5k-sweep"])
+def test_a_sweep_preset_has_the_rows_of_its_committed_table(name):
+    """The [sweep] grids that replaced the two sweep scripts give the rows (labels, methods, run-config values) the
+    committed runs were made with, so --reuse keeps them and --table-only tables them."""
+    preset = load_preset(ROOT / "conf" / f"{name}.toml")
+    committed = json.loads((ROOT / "docs" / "results" / name / "preset.json").read_text())
+    assert preset["compare"]["methods"] == committed["compare"]["methods"]
+    assert preset["variants"] == committed["variants"]
+
+
 def test_make_tables_rebuilds_every_comparison_table_in_docs():
     """Each docs/results table written by the comparison has a preset that `make tables` runs."""
     from benchmarks.tables import presets
@@ -218,9 +259,9 @@ def test_make_tables_rebuilds_every_comparison_table_in_docs():
         assert f"docs/results/{table.parent.name}" in outputs, table.parent.name
 
 
-def test_make_tables_rebuilds_a_grid_or_traffic_preset_with_its_own_builder():
-    """A preset with a [sweep] grid, or a folder with more than the comparison writes, is rebuilt by the module
-    that writes all of it: runner.compare alone would drop the grid's rows and sweep.md."""
+def test_make_tables_rebuilds_a_traffic_preset_with_its_own_builder():
+    """A folder with more than the comparison writes (a [sweep] preset's sweep.md is the comparison's own) is rebuilt
+    by the module that writes all of it: runner.compare alone would leave its extra tables stale."""
     import importlib
     import tomllib
 
@@ -232,8 +273,9 @@ def test_make_tables_rebuilds_a_grid_or_traffic_preset_with_its_own_builder():
         assert found[name].builder == module and callable(importlib.import_module(module).main)
     for p in found.values():
         # tuning.md is benchmarks.tune's (issue #45), which a table rebuild leaves alone
-        extra = {f.name for f in (ROOT / p.output).glob("*.md")} - {"table.md", "tuning.md"}
-        if "sweep" in tomllib.loads(p.path.read_text()) or extra:
+        ours = {"table.md", "tuning.md"} | ({"sweep.md"} if "sweep" in tomllib.loads(p.path.read_text()) else set())
+        extra = {f.name for f in (ROOT / p.output).glob("*.md")} - ours
+        if extra:
             assert p.builder != "runner.compare", f"{p.name} ({sorted(extra)}) needs a builder in BUILDERS"
     sweep = found["pfedpm-digits-sweep"]
     assert sweep.runs == 36, "its 12 grid points, 3 seeds"

@@ -11,12 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pyproject_defaults_match_schema():
-    """Every schema key is in pyproject (so --run-config can override it) with the same default."""
+    """Every schema key is in pyproject (so --run-config can override it) with the same default; the method keys
+    are written there from the declarations by `make sync-config` (tests/test_sync_config.py)."""
     flat = pyproject_run_config(ROOT)
     keys = schema()
-    assert set(flat) == set(keys)
+    stale = "pyproject.toml differs from the schema (the method tables: run `make sync-config`)"
+    assert set(flat) == set(keys), f"{stale}: {sorted(set(flat) ^ set(keys))}"
     for name, key in keys.items():
-        assert flat[name] == key.default, name
+        assert flat[name] == key.default, f"{stale}: {name}"
     Config.from_run_config(flat)  # the shipped defaults are valid
 
 
@@ -68,9 +70,18 @@ def test_integer_valued_float_is_accepted_for_int_and_int_for_float():
 
 def test_partition_params_are_those_of_the_selected_scheme():
     cfg = Config.from_run_config({"partition": "dirichlet", "dirichlet.alpha": 0.3})
-    assert cfg.partition_params() == {"alpha": 0.3, "min-size": 0, "train-fraction": 0.75, "val-fraction": 0.0}
+    assert cfg.partition_params() == {"alpha": 0.3, "min-size": 0, "train-fraction": 0.75, "val-fraction": 0.1,
+                                      "max-train-samples": 0}
     cfg = Config.from_run_config({"partition": "file", "file.path": "/x.json"})
     assert cfg.partition_params()["file"] == "/x.json"
+
+
+def test_every_way_of_running_holds_out_a_validation_split_by_default():
+    """``flwr run .`` reads pyproject.toml, ``make run`` and the in-process runs the schema: one default, > 0, so no
+    way of running reports the optimistic best-of-test number unless asked to."""
+    assert pyproject_run_config(ROOT)["val-fraction"] == schema()["val-fraction"].default == 0.1
+    run_target = (ROOT / "Makefile").read_text().split("\nrun:")[1].split("\n\n")[0]
+    assert "val-fraction" not in run_target  # no second default on top of the schema's
 
 
 def test_registry_entries_resolve():

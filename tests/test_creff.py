@@ -48,7 +48,7 @@ def test_retraining_is_minibatch_sgd_on_cross_entropy_equal_to_torch_sgd():
 
 
 def _strategy(**hp):
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
     from fedcore.config import Config
     from fedcore.models import model_facts
     from fedstrategies.creff import CReFFStrategy

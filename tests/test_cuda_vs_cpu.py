@@ -1,8 +1,8 @@
-"""benchmarks.cuda_vs_cpu: the GPU kit's per-method lines against the same runs on the CPU."""
+"""benchmarks.studies.cuda_vs_cpu: the GPU kit's per-method lines against the same runs on the CPU."""
 
 import json
 
-from benchmarks.cuda_vs_cpu import main, parse
+from benchmarks.studies.cuda_vs_cpu import main, parse
 
 KIT = """# dataset='digits' partition='pathological' num-server-rounds=1 device='cuda', 3 supernodes, through python3 -m runner.launch (2026-11-27T07:19Z)
 fedavg       ok             acc 0.5000  client-mean 0.4800  rounds 1  dropped 0   startup  84.1s round1  6.02s took 101s

@@ -164,16 +164,16 @@ def test_a_spawned_worker_runs_an_in_process_run(tmp_path):
     worker imports everything itself."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from runner.compare import _run_inprocess
+    from runner.compare_jobs import run_inprocess_job
 
     config = small_config(tmp_path, method="fedavg", **{"num-server-rounds": 1})
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        result = pool.submit(_run_inprocess, config, 2).result()
+        result = pool.submit(run_inprocess_job, config, 2).result()
     assert result["status"] == "finished:completed", result["details"]
 
 
 def test_the_device_table_is_stamped_and_says_what_is_not_measured():
-    from benchmarks.device_rounds import NOT_MEASURED, stamp, table
+    from benchmarks.studies.device_rounds import NOT_MEASURED, stamp, table
 
     info = stamp()
     assert info["torch"] == torch.__version__ and info["commit"] and info["cpu"]
@@ -189,7 +189,7 @@ def test_the_device_table_is_stamped_and_says_what_is_not_measured():
 def test_the_device_benchmark_runs_here(tmp_path):
     """The benchmark itself, tiny (digits, 2 clients, 2 rounds, in process): the CPU column is measured, the
     CUDA one only where CUDA is."""
-    from benchmarks.device_rounds import NOT_MEASURED, main as bench
+    from benchmarks.studies.device_rounds import NOT_MEASURED, main as bench
 
     assert bench(["--methods", "fedavg", "--clients", "2", "--rounds", "2", "--engine", "inprocess", "--dataset",
                   "digits", "--out", str(tmp_path)]) == 0

@@ -153,7 +153,7 @@ def test_a_crashing_client_is_dropped_not_fatal(inprocess, monkeypatch):
 def test_too_few_samples_is_refused_before_any_client_starts(inprocess):
     from fedcore.config import ConfigError
 
-    with pytest.raises(ConfigError, match="1797 samples.*use at most 898 clients"):
+    with pytest.raises(ConfigError, match=r"1797 samples.*At most \d+ clients can be served"):
         inprocess(method="local", num_clients=1000, partition="iid")
 
 

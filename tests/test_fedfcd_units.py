@@ -494,30 +494,29 @@ def test_method_fedfcd_alone_gives_the_papers_setting(dataset, model):
 
 
 # ====================================================================== the sweep and bytes commands (issue #29)
-def test_sweep_expands_every_lambda_lr_pair_into_a_fedfcd_variant_and_ranks_on_validation(tmp_path):
-    import json
-
-    from benchmarks import fedfcd_sweep
+def test_sweep_expands_every_lambda_lr_pair_into_a_fedfcd_variant_and_ranks_on_validation():
+    """conf/fedfcd-mnist5k-sweep.toml's [sweep]: one fedfcd row per (lambda, lr), ranked in sweep.md on validation."""
+    from runner.compare_presets import expand_sweep
+    from runner.compare_table import render_sweep
 
     preset = {"compare": {"methods": ["local"], "seeds": [0]}, "run-config": {"dataset": "digits"},
-              "sweep": {"lambda": [0, 5], "lr": [0.01, 0.05]}}
-    expanded = fedfcd_sweep.expand(preset)
+              "sweep": {"method": "fedfcd", "label": "fedfcd-lam{fedfcd.lambda:g}-lr{lr:g}",
+                        "fedfcd.lambda": [0.0, 5.0], "lr": [0.01, 0.05]}}
+    expanded = expand_sweep(preset)
     assert expanded["compare"]["methods"] == ["local", "fedfcd-lam0-lr0.01", "fedfcd-lam0-lr0.05",
                                               "fedfcd-lam5-lr0.01", "fedfcd-lam5-lr0.05"]
     assert expanded["variants"]["fedfcd-lam5-lr0.01"] == {"method": "fedfcd", "fedfcd.lambda": 5.0, "lr": 0.01}
-    for name, val, test in (("fedfcd-lam0-lr0.01", 0.90, 0.99), ("fedfcd-lam5-lr0.05", 0.95, 0.50)):
-        (tmp_path / "runs" / f"{name}-s0").mkdir(parents=True)
-        (tmp_path / "runs" / f"{name}-s0" / "summary.json").write_text(json.dumps(
-            {"best_val_acc": val, "best_val_round": 3, "test_acc_at_best_val": test}))
-    text = fedfcd_sweep.sweep_table(expanded, tmp_path, "cmd")
-    assert "Chosen on validation: lambda = 5, lr = 0.05" in text  # the higher validation accuracy, not test
+    results = {name: [{"seed": 0, "best_val_acc": val, "best_val_round": 3, "test_acc_at_best_val": test}]
+               for name, val, test in (("fedfcd-lam0-lr0.01", 0.90, 0.99), ("fedfcd-lam5-lr0.05", 0.95, 0.50))}
+    text = render_sweep({**expanded, "made": {"command": "cmd", "commit": "abc"}}, results)
+    assert "Chosen on validation: fedfcd.lambda = 5, lr = 0.05" in text  # the higher validation accuracy, not test
     assert text.index("| 5 | 0.05 | 95.00") < text.index("| 0 | 0.01 | 90.00")
     with pytest.raises(SystemExit):
-        fedfcd_sweep.expand({**preset, "sweep": {"lambda": [1.0]}})
+        expand_sweep({**preset, "sweep": {"method": "fedfcd", "fedfcd.lambda": 1.0}})
 
 
 def test_traffic_reads_bytes_per_training_round_evaluation_and_round_0_from_rounds_csv(tmp_path):
-    from benchmarks.fedfcd_bytes import traffic
+    from benchmarks.studies.fedfcd_bytes import traffic
 
     path = tmp_path / "rounds.csv"
     path.write_text("round,bytes_up,bytes_down,eval_bytes_down\n0,100,10,\n1,20,200,50\n2,40,400,70\n")

@@ -210,7 +210,7 @@ def test_fedmcsa_without_mcsa_with_equal_sizes_equals_sigma_zero():
 
 # ------------------------------------------------------------------ the strategy
 def _strategy(n: int = 10, **hp) -> FedMCSAStrategy:
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     cfg = Config.from_run_config({"method": "fedmcsa", "dataset": "synthetic", "model": "dnn",
@@ -220,7 +220,7 @@ def _strategy(n: int = 10, **hp) -> FedMCSAStrategy:
 
 def _round(strategy, rnd: int, faults=None):
     """One train round with realistic replies (benchmark helper); returns (messages, replies)."""
-    from benchmarks.server_time import fake_reply
+    from tests.fakes import fake_reply
 
     msgs = list(strategy.configure_train(rnd, ArrayRecord(), ConfigRecord(), None))
     rng = np.random.default_rng(rnd)
@@ -315,7 +315,7 @@ def test_malformed_replies_are_dropped_and_leave_the_server_state_unchanged():
                                            wire.METRICS: reply.content.metric_records[wire.METRICS]}),
                        reply_to=_request[pid])
 
-    from benchmarks.server_time import fake_reply
+    from tests.fakes import fake_reply
 
     msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
     _request = {strategy.pid_of[m.metadata.dst_node_id]: m for m in msgs}
@@ -330,7 +330,7 @@ def test_malformed_replies_are_dropped_and_leave_the_server_state_unchanged():
 
 
 def test_fraction_train_is_refused_in_favour_of_clients_per_round():
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
 
     cfg = Config.from_run_config({"method": "fedmcsa", "dataset": "synthetic", "fraction-train": 0.2})
     with pytest.raises(ValueError, match="clients-per-round"):
@@ -487,7 +487,7 @@ def test_full_batch_stream_gives_equal_batches_and_each_epoch_is_one_permutation
 
 
 def test_comparison_table_reports_the_best_client_mean_accuracy():
-    from runner.compare import aggregate_row
+    from runner.compare_rows import aggregate_row
 
     row = aggregate_row("x", [{"final_acc": 0.5, "best_client_acc_mean": 0.9}, {"final_acc": 0.5,
                                                                                  "best_client_acc_mean": 0.7}])
@@ -495,7 +495,7 @@ def test_comparison_table_reports_the_best_client_mean_accuracy():
 
 
 def test_comparison_reuses_only_completed_runs_with_the_same_config(tmp_path):
-    from runner.compare import finished_run
+    from runner.compare_jobs import finished_run
 
     config = {"method": "fedmcsa", "seed": 0, "results-dir": str(tmp_path), "run-name": "fedmcsa-s0"}
     folder = tmp_path / "fedmcsa-s0"

@@ -10,7 +10,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from benchmarks.server_time import fake_clients
+from tests.fakes import fake_clients
 from clients.fedsac import regulariser, subspace_basis
 from fedcore import wire
 from fedcore.config import Config

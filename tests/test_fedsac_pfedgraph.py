@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from benchmarks.server_time import fake_clients
+from tests.fakes import fake_clients
 from clients.base import ClientEnv
 from clients.pfedgraph import PFedGraphClient
 from fedcore import wire
 from fedcore.config import Config, ConfigError
 from fedcore.methods.fedsac import REGULARISER
+from fedcore.methods.pfedgraph import example_reply
 from fedcore.models import ModelFacts, seeded_model
 from fedcore.registry import get_method
 from tests.conftest import test_device
@@ -104,7 +105,7 @@ def test_messages_carry_weights_only_and_the_regulariser_once_aggregated():
     assert s.train_config(2, 2) == {REGULARISER: "off"}
     bad = ClientReply(0, s.node_of[0], 0, {}, {wire.WEIGHTS: dict(WEIGHTS)})
     assert "positive" in s.check_reply(bad) and s.check_reply(replies_for(s, rng, [0], [1])[0]) is None
-    example = s.example_reply(0, "train", rng)  # the server benchmark's reply: weights only
+    example = example_reply(s, 0, "train", rng)  # the server benchmark's reply: weights only
     assert set(example) == {wire.WEIGHTS}
     arrays = {wire.WEIGHTS: dict(wire.unpack_arrays(example[wire.WEIGHTS]))}
     assert s.check_reply(ClientReply(0, s.node_of[0], 10, {}, arrays)) is None

@@ -14,13 +14,14 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 from torch.nn.utils import parameters_to_vector
 
-from benchmarks.server_time import fake_clients
+from tests.fakes import fake_clients
 from clients.base import ClientEnv
 from clients.fedsac import MODEL, FedSaCClient, regulariser, subspace_basis
 from clients.training import evaluate_model, extract_features, train_loop
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.methods.fedsac import AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCAL_ACC, REFERENCE, REGULARISER, SUBSPACE
+from fedcore.methods.fedsac import (AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCAL_ACC, REFERENCE, REGULARISER, SUBSPACE,
+                                    example_reply)
 from fedcore.models import ModelFacts, seeded_model
 from fedstrategies import fedsac as fedsac_module
 from fedstrategies.base import ClientReply
@@ -691,7 +692,7 @@ def test_example_reply_passes_the_checks_and_is_empty_for_evaluate():
     big = {**TINY, "body.big": np.zeros((50, 40), np.float32), "body.counts": np.full(50, 4, np.int64)}
     strategy = tiny_strategy(2, weights=big)
     rng = np.random.default_rng(24)
-    reply = strategy.example_reply(0, "train", rng)
+    reply = example_reply(strategy, 0, "train", rng)
     assert set(reply) == {wire.WEIGHTS, SUBSPACE}
     weights = wire.unpack_arrays(reply[wire.WEIGHTS])
     for k, v in big.items():
@@ -706,7 +707,7 @@ def test_example_reply_passes_the_checks_and_is_empty_for_evaluate():
     assert basis.shape == (4, 2) and basis.dtype == np.float32
     arrays = {name: dict(wire.unpack_arrays(record)) for name, record in reply.items()}
     assert strategy.check_reply(ClientReply(0, strategy.node_of[0], 100, {}, arrays)) is None
-    assert strategy.example_reply(0, "evaluate", rng) == {}
+    assert example_reply(strategy, 0, "evaluate", rng) == {}
 
 
 # ================================================================= config: every mode refuses unknown values

@@ -155,7 +155,7 @@ def test_fmnist_presets_are_valid_and_state_their_cost(name):
     from pathlib import Path
 
     from fedcore.config import Config
-    from runner.compare import entries, load_preset
+    from runner.compare_presets import entries, load_preset
 
     path = Path(__file__).resolve().parents[1] / "conf" / f"{name}.toml"
     preset = load_preset(path)

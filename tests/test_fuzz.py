@@ -20,7 +20,7 @@ from flwr.app.error import Error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.server_time import fake_clients, fake_reply
+from tests.fakes import fake_clients, fake_reply
 from fedcore import wire
 from fedcore.config import Config
 from fedcore.models import model_facts

@@ -56,6 +56,18 @@ def _imported_modules(path: Path) -> list[str]:
     return names
 
 
+def test_the_tests_take_their_fakes_from_tests_not_from_a_benchmark():
+    """fake_clients / fake_reply live in tests/fakes.py (the server benchmark imports them from there): a test that
+    took them from benchmarks/ would tie the suite to a benchmark's module."""
+    found, attribute = [], "server_time" + ".fake_"  # as a module's attribute (split: this file is searched too)
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        if any(m.startswith("benchmarks.") and m.rsplit(".", 1)[-1] in ("fake_clients", "fake_reply")
+               for m in _imported_modules(path)) or attribute in path.read_text():
+            found.append(path.name)
+    assert found == []
+    assert (ROOT / "tests" / "fakes.py").exists()
+
+
 def test_no_client_module_imports_server_strategy_code():
     """A method's message names are in fedcore/methods/, its shared maths in fedcore/: clients/ never
     imports fedstrategies/ (a ClientApp would load server code, and the two sides would grow together)."""
@@ -104,28 +116,31 @@ def test_a_strategy_imports_its_server_libraries_when_built_not_inside_a_round()
         "import json, sys\n"
         "import numpy as np\n"
         "from flwr.app import ArrayRecord, ConfigRecord\n"
-        "from benchmarks import server_time as st\n"
+        "from fedcore.config import Config\n"
         "from fedcore.models import model_facts\n"
         "from fedcore.registry import REGISTRY, get_method\n"
         "from fedstrategies import server_device\n"
+        "from tests.fakes import fake_clients, fake_reply\n"
         "from flwr.supercore.task_identity import TaskIdentity\n"
         "TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as benchmarks.server_time\n"
         "late = {}\n"
         "small = %r  # the libraries a round uses do not depend on the size of MuPFL's and CReFF's matching\n"
         "for name in sorted(REGISTRY):\n"
-        "    cfg = st._config(name, {'server-device': 'cpu', **small.get(name, {})})\n"
+        "    model = 'mupflcnn' if name == 'mupfl' else 'cnn'  # as benchmarks.server_time builds each method\n"
+        "    cfg = Config.from_run_config({'method': name, 'dataset': 'mnist5k', 'model': model, "
+        "'server-device': 'cpu', **small.get(name, {})})\n"
         "    server_device.start('cpu')\n"
         "    facts = model_facts(cfg['model'], (1, 28, 28), 10, 0)\n"
-        "    s = get_method(name).strategy(cfg, st.fake_clients(6), facts)\n"
+        "    s = get_method(name).strategy(cfg, fake_clients(6), facts)\n"
         "    rng = np.random.default_rng(0)\n"
         "    msgs = s.configure_prepare(None)\n"
-        "    replies = [st.fake_reply(s, m, 'prepare', rng) for m in msgs or []]\n"
+        "    replies = [fake_reply(s, m, 'prepare', rng) for m in msgs or []]\n"
         "    before = set(sys.modules)\n"
         "    if msgs:\n"
         "        s.aggregate_prepare_replies(replies)\n"
         "    for rnd in (1, 2):\n"
         "        msgs = list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), None))\n"
-        "        replies = [st.fake_reply(s, m, 'train', rng) for m in msgs]\n"
+        "        replies = [fake_reply(s, m, 'train', rng) for m in msgs]\n"
         "        s.aggregate_train(rnd, replies)\n"
         "    new = sorted({m.split('.')[0] for m in set(sys.modules) - before} & set(%r))\n"
         "    if new:\n"

@@ -1,4 +1,4 @@
-"""benchmarks.moved: which rows of a rebuilt table moved, against the table as committed before."""
+"""`python -m runner.table <folder> moved`: which rows of a rebuilt table moved, against the table as committed before."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from benchmarks.moved import moved_rows
-from runner.compare import COLUMNS
+from runner.compare_rows import COLUMNS
+from runner.table import moved_rows
 
 
 def _table(path, rows):

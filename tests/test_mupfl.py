@@ -474,7 +474,7 @@ def test_longtail_partition_repeats_with_its_seed_and_has_the_imbalance_factor()
 
 @pytest.mark.parametrize("n,expected", [(50, 10), (19, 4), (20, 4)])
 def test_participation_is_round_0_2_n_distinct_clients(n, expected):
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
     from fedcore.config import Config
     from fedcore.models import model_facts
     from fedstrategies.mupfl import MuPFLStrategy
@@ -498,7 +498,7 @@ def test_learning_rate_decays_by_the_factor_every_few_rounds():
 
 def _strategy_and_replies(pretrained=False, m=6, seed=0, **hp):
     """A strategy on digits' mupflcnn and m realistic replies: trained-looking weights in two groups."""
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
     from fedcore import wire
     from fedcore.config import Config
     from fedcore.models import model_facts
@@ -534,7 +534,7 @@ def _strategy_and_replies(pretrained=False, m=6, seed=0, **hp):
 
 
 def test_auto_model_is_the_papers_cnn_with_bavd_sites_and_bavd_without_sites_is_a_config_error():
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
     from fedcore.config import Config, ConfigError
     from fedcore.models import model_facts
     from fedstrategies.mupfl import MuPFLStrategy
@@ -721,7 +721,7 @@ def test_aggregate_records_the_cluster_labels_and_keeps_float32_weights():
 
 
 def test_batchnorm_statistics_are_the_sample_weighted_mean_not_the_cluster_weighted_one():
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
     from fedcore import wire
     from fedcore.config import Config
     from fedcore.models import model_facts
@@ -1032,7 +1032,7 @@ def test_cluster_models_forms_no_empty_cluster():
 
 
 def test_the_cluster_range_is_checked_and_h_is_seeded_and_float32_or_empty_without_pkcf():
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
     from fedcore import wire
     from fedcore.config import Config, ConfigError
     from fedcore.models import model_facts
@@ -1253,12 +1253,13 @@ def test_server_time_times_mupfls_cosine_matrix_on_the_rounds_stacked_updates_an
     from flwr.supercore.task_identity import TaskIdentity
 
     from benchmarks import server_time
+    from tests.fakes import fake_reply
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
     strategy, _ = _strategy_and_replies(m=4)
     msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
     rng = np.random.default_rng(0)
-    replies = [server_time.fake_reply(strategy, msg, "train", rng) for msg in msgs]
+    replies = [fake_reply(strategy, msg, "train", rng) for msg in msgs]
     got = server_time.mupfl_cosine_alone(strategy, replies, repeats=3)
     P = sum(strategy.global_weights[k].size for k in strategy.param_keys)
     maps = sum(int(np.prod(s)) for s in strategy.map_shapes)

@@ -128,7 +128,7 @@ def test_strategy_state_round_trips_through_a_checkpoint():
 
 def test_presets_are_valid_run_configs():
     from fedcore.config import Config
-    from runner.compare import entries, load_preset
+    from runner.compare_presets import entries, load_preset
 
     presets = sorted(ROOT.glob("conf/mupfl*.toml")) + sorted(ROOT.glob("conf/mupfl-paper/*.toml"))
     assert len(presets) >= 14
@@ -139,7 +139,9 @@ def test_presets_are_valid_run_configs():
 
 
 def test_rounds_to_target_column(tmp_path):
-    from runner.compare import load_preset, rounds_to_target, target_row, write_table
+    from runner.compare_presets import load_preset
+    from runner.compare_rows import rounds_to_target, target_row
+    from runner.compare_table import write_table
 
     path = tmp_path / "rounds.csv"
     path.write_text("round,acc_weighted,eval_x\n1,0.5,0.1\n2,,\n3,0.91,0.2\n4,0.89,0.95\n")

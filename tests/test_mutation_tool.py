@@ -1,5 +1,7 @@
 """The mutation report's arithmetic: excused survivors leave the ratio, mutants not yet judged count against it."""
 
+import subprocess
+
 from tools.mutation import parse_results, summarise, survivors_to_rerun
 
 
@@ -22,3 +24,64 @@ def test_ratio_leaves_out_excused_survivors_and_counts_unjudged_mutants_as_not_k
 def test_survivors_rerun_only_the_unexcused_survivors():
     verdicts = {"k1": "killed", "s1": "survived", "s2": "no tests", "e1": "survived", "n1": "not checked"}
     assert survivors_to_rerun(verdicts, {"e1": ("equivalent", "same behaviour")}) == ["s1", "s2"]
+
+
+def _one_target_tree(tmp_path, monkeypatch):
+    """A project of one module and one target, with the tool's paths pointed at it."""
+    from tools import mutation
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "rule.py").write_text("def rule(x):\n    return x > 0\n")
+    monkeypatch.setattr(mutation, "ROOT", tmp_path)
+    monkeypatch.setattr(mutation, "REPORTS", tmp_path / "reports")
+    monkeypatch.setattr(mutation, "ANNOTATIONS", tmp_path / "annotations")
+    monkeypatch.setattr(mutation, "TARGETS", {"rule": mutation.Target(("pkg/rule.py",), ("tests/t.py",))})
+    monkeypatch.setattr(mutation.subprocess, "run", _fake_git_head(mutation.subprocess.run))
+    return mutation
+
+
+def _fake_git_head(run):
+    """``git rev-parse`` answers a fixed commit (the temporary tree is no git checkout); other commands run."""
+    def fake(args, **kwargs):
+        if args[:2] == ["git", "rev-parse"]:
+            return subprocess.CompletedProcess(args, 0, stdout="abc1234\n")
+        return run(args, **kwargs)
+    return fake
+
+
+def test_a_report_goes_stale_when_its_modules_change_and_fresh_when_rewritten(tmp_path, monkeypatch):
+    mutation = _one_target_tree(tmp_path, monkeypatch)
+    assert mutation.stale_reports() == {"rule": "no report"}
+    mutation.write_report("rule", {"pkg.x_rule__mutmut_1": "killed"})
+    assert mutation.stale_reports() == {}
+    (tmp_path / "pkg" / "rule.py").write_text("def rule(x):\n    return x >= 0\n")
+    assert list(mutation.stale_reports()) == ["rule"]
+    mutation.write_report("rule", {"pkg.x_rule__mutmut_1": "killed"})
+    assert mutation.stale_reports() == {}
+    (tmp_path / "pkg" / "rule.py").rename(tmp_path / "pkg" / "moved.py")  # a move leaves the report behind too
+    assert list(mutation.stale_reports()) == ["rule"]
+
+
+def test_a_report_without_a_recorded_hash_is_judged_by_its_modules_at_its_commit(tmp_path, monkeypatch):
+    from tools import mutation
+
+    monkeypatch.setattr(mutation, "REPORTS", tmp_path)
+    target = mutation.TARGETS["pfedpm"]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=mutation.ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    (tmp_path / "pfedpm.md").write_text(f"Made by `make mutation` at commit `{head}`.\n")
+    committed = mutation.report_hash("pfedpm")
+    show = lambda m: subprocess.run(["git", "show", f"HEAD:{m}"], cwd=mutation.ROOT, check=True,  # noqa: E731
+                                    capture_output=True).stdout
+    assert committed == mutation.modules_hash(target.modules, show)
+    assert committed != mutation.modules_hash(target.modules[1:], show)
+
+
+def test_the_stale_reports_are_the_ones_tests_mutation_says_are_known_stale():
+    """A change to a mutated module makes this fail until the target is re-run or listed in known-stale.toml."""
+    from tools.mutation import known_stale, stale_reports
+
+    stale, known = stale_reports(), known_stale()
+    assert all(why.strip() for why in known.values()), "every known-stale report needs its reason"
+    assert sorted(stale) == sorted(known), (
+        f"stale now: {stale}; known-stale in tests/mutation/known-stale.toml: {sorted(known)}")

@@ -1,4 +1,4 @@
-"""benchmarks.paired: paired differences between any two rows of a table, read from its per-run data."""
+"""`python -m runner.table <folder> paired`: paired differences between any two rows of a table, read from its per-run data."""
 
 import csv
 import json
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.paired import main, paired_rows
 from runner import run_data
-from runner.compare import read_table_csv
+from runner.compare_table import read_table_csv
+from runner.table import main, paired_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_a_minus_b_over_common_seeds_with_a_t_interval(tmp_path, capsys):
     assert row["n"] == 3 and 100 * row["mean"] == pytest.approx(mean)
     assert 100 * row["lo"] == pytest.approx(mean - half) and 100 * row["hi"] == pytest.approx(mean + half)
     assert row["tie"] is True  # about [-4.37, +15.71]
-    main([str(tmp_path), "b:a"])
+    main([str(tmp_path), "paired", "b:a"])
     assert "| b minus a | 3 | -5.67 [-15.71, +4.37] tie |" in capsys.readouterr().out
 
 
@@ -67,10 +67,10 @@ def test_a_runs_of_row_reads_its_source_runs_in_its_own_accuracy():
 
 def test_bad_input_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no runs.json.gz"):
-        main([str(tmp_path), "a:b"])
+        main([str(tmp_path), "paired", "a:b"])
     run_data.write(tmp_path, [_run("a", 0, 0.5), _run("b", 0, 0.4)])
     _headline(tmp_path, "final_acc")
     with pytest.raises(SystemExit, match="write it as A:B"):
-        main([str(tmp_path), "a-b"])
+        main([str(tmp_path), "paired", "a-b"])
     with pytest.raises(SystemExit, match="no runs labelled c; the table's run labels are a, b"):
-        main([str(tmp_path), "a:c"])
+        main([str(tmp_path), "paired", "a:c"])

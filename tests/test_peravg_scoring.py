@@ -1,10 +1,10 @@
-"""benchmarks.peravg_test_adaptation: its "ours" row is the run's own Per-FedAvg evaluation, redone."""
+"""benchmarks.studies.peravg_test_adaptation: its "ours" row is the run's own Per-FedAvg evaluation, redone."""
 
 from __future__ import annotations
 
 import re
 
-from benchmarks import peravg_test_adaptation
+from benchmarks.studies import peravg_test_adaptation
 from tests.conftest import test_device
 
 PRESET = """

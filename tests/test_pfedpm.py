@@ -412,7 +412,7 @@ def test_heterogeneous_variants_by_partition_id_and_unsupported_models_stop_the_
 
 
 def test_the_server_benchmark_replies_are_valid_and_nothing_is_dropped():
-    from benchmarks.server_time import fake_clients, fake_reply
+    from tests.fakes import fake_clients, fake_reply
 
     cfg = Config.from_run_config({"method": "pfedpm", "dataset": "mnist5k", "model": "protocnn"})
     s = PFedPMStrategy(cfg, fake_clients(50), model_facts("protocnn", (1, 28, 28), 10, 0))
@@ -440,7 +440,7 @@ def test_bytes_per_round_are_a_small_fraction_of_fedavgs_on_the_same_cnn(tmp_pat
 def test_pfedpm_presets_are_valid_run_configs_with_the_paper_settings():
     import tomllib
 
-    from runner.compare import entries
+    from runner.compare_presets import entries
 
     presets = sorted(p for p in (ROOT / "conf").glob("pfedpm-*.toml") if "digits" not in p.name)
     assert len(presets) >= 6
@@ -461,11 +461,10 @@ def test_the_small_sweep_and_ablation_presets_share_one_training_rule_and_valida
     (no row changes a common key), and each holds out a validation split to choose on."""
     import tomllib
 
-    from benchmarks.pfedpm_sweep import expand
-    from runner.compare import entries, load_preset
+    from runner.compare_presets import entries, load_preset
 
     for name in ("pfedpm-digits-sweep.toml", "pfedpm-digits-ablation.toml"):
-        preset = expand(load_preset(ROOT / "conf" / name)) if "sweep" in name else load_preset(ROOT / "conf" / name)
+        preset = load_preset(ROOT / "conf" / name)  # with the sweep's grid rows
         run = preset["run-config"]
         assert (run["lr"], run["momentum"], run["batch-size"], run["model"]) == (0.01, 0.5, 10, "protocnn")
         assert run["val-fraction"] > 0
@@ -474,7 +473,7 @@ def test_the_small_sweep_and_ablation_presets_share_one_training_rule_and_valida
         for entry in rows:
             Config.from_run_config({**run, **entry.config, "method": entry.method})
     sweep = tomllib.loads((ROOT / "conf" / "pfedpm-digits-sweep.toml").read_text())["sweep"]
-    assert set(sweep["reg"]) == {"l2", "l2sq", "fedproto"}
+    assert set(sweep["pfedpm.reg"]) == {"l2", "l2sq", "fedproto"}
 
 
 @pytest.mark.long  # a real flwr run / SuperLink: make test-long

@@ -28,7 +28,8 @@ from clients.training import class_means, extract_features
 from fedcore import wire
 from fedcore.config import Config, ConfigError
 from fedcore.methods.fedproto import HAS_PROTOTYPES
-from fedcore.methods.pfedpm import FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, HPARAMS, RELATION_ACC, RELATION_LOSS
+from fedcore.methods.pfedpm import (FEATURE_REG, GLOBAL_FEATURES, HAS_GLOBAL, HPARAMS, RELATION_ACC, RELATION_LOSS,
+                                    example_reply)
 from fedcore.models import build_model, model_facts, seed_torch
 from fedstrategies.base import ClientInfo
 from fedstrategies.pfedpm import PFedPMStrategy
@@ -223,9 +224,9 @@ def test_benchmark_replies_carry_the_clients_classes_and_evaluation_replies_noth
     counts = [[5, 7] + [0] * 8, [0, 9, 3] + [0] * 7]
     s = _strategy(counts)
     rng = np.random.default_rng(0)
-    assert s.example_reply(0, "evaluate", rng) == {}
+    assert example_reply(s, 0, "evaluate", rng) == {}
     for pid in (0, 1):
-        reply = s.example_reply(pid, "train", rng)
+        reply = example_reply(s, pid, "train", rng)
         ids, feats, got = wire.unpack_class_features(reply[wire.CLASS_FEATURES])
         assert ids.tolist() == np.flatnonzero(counts[pid]).tolist() and feats.shape == (2, D)
         assert got.tolist() == [c for c in counts[pid] if c]
@@ -729,28 +730,27 @@ def test_method_pfedpm_alone_gets_the_papers_training_setting():
                 cfg["local-steps"], cfg["fraction-train"]) == (model, 0.01, 0.5, 0.0, 10, 1, 0, 1.0), dataset
 
 
-def test_the_sweep_runs_every_grid_point_and_chooses_on_validation_not_test(tmp_path):
-    from benchmarks.pfedpm_sweep import expand, label, sweep_table
+def test_the_sweep_runs_every_grid_point_and_chooses_on_validation_not_test():
+    """conf/pfedpm-digits-sweep.toml's [sweep]: one pfedpm row per (reg, lambda, a), ranked in sweep.md on validation."""
+    from runner.compare_presets import expand_sweep
+    from runner.compare_table import render_sweep
 
     preset = {"compare": {"methods": ["local"], "seeds": [0, 1]}, "run-config": {"dataset": "digits"},
-              "sweep": {"reg": ["l2", "fedproto"], "lambda": [0.1, 1.0], "a": [0.5]}}
-    grown = expand(preset)
+              "sweep": {"method": "pfedpm", "label": "pfedpm-{pfedpm.reg}-lam{pfedpm.lambda:g}-a{pfedpm.a:g}",
+                        "pfedpm.reg": ["l2", "fedproto"], "pfedpm.lambda": [0.1, 1.0], "pfedpm.a": [0.5]}}
+    grown = expand_sweep(preset)
     assert grown["compare"]["methods"][0] == "local" and len(grown["compare"]["methods"]) == 5
-    assert grown["variants"][label("fedproto", 0.1, 0.5)] == {"method": "pfedpm", "pfedpm.reg": "fedproto",
-                                                                "pfedpm.lambda": 0.1, "pfedpm.a": 0.5}
+    assert grown["variants"]["pfedpm-fedproto-lam0.1-a0.5"] == {"method": "pfedpm", "pfedpm.reg": "fedproto",
+                                                                 "pfedpm.lambda": 0.1, "pfedpm.a": 0.5}
     # validation and test disagree on purpose: the row best on validation is chosen
-    scores = {label("l2", 0.1, 0.5): (0.9, 0.5), label("l2", 1.0, 0.5): (0.7, 0.99),
-              label("fedproto", 0.1, 0.5): (0.8, 0.6), label("fedproto", 1.0, 0.5): (0.6, 0.7)}
-    for name, (val, test) in scores.items():
-        for seed in (0, 1):
-            folder = tmp_path / "runs" / f"{name}-s{seed}"
-            folder.mkdir(parents=True)
-            (folder / "summary.json").write_text(json.dumps({"best_val_acc": val + seed / 100, "best_val_round": 3,
-                                                             "test_acc_at_best_val": test}))
-    table = sweep_table(grown, tmp_path, "cmd")
-    assert "Chosen on validation: reg = l2, lambda = 0.1, a = 0.5" in table
+    scores = {"pfedpm-l2-lam0.1-a0.5": (0.9, 0.5), "pfedpm-l2-lam1-a0.5": (0.7, 0.99),
+              "pfedpm-fedproto-lam0.1-a0.5": (0.8, 0.6), "pfedpm-fedproto-lam1-a0.5": (0.6, 0.7)}
+    results = {name: [{"seed": seed, "best_val_acc": val + seed / 100, "best_val_round": 3,
+                       "test_acc_at_best_val": test} for seed in (0, 1)] for name, (val, test) in scores.items()}
+    table = render_sweep({**grown, "made": {"command": "cmd", "commit": "abc"}}, results)
+    assert "Chosen on validation: pfedpm.reg = l2, pfedpm.lambda = 0.1, pfedpm.a = 0.5" in table
     rows = [line for line in table.splitlines() if line.startswith("| l2 |") or line.startswith("| fedproto |")]
     assert [r.split(" | ")[1:3] for r in rows] == [["0.1", "0.5"], ["0.1", "0.5"], ["1", "0.5"], ["1", "0.5"]]
     assert rows[0].split(" | ")[3] == "90.50 ± 0.71"  # mean ± sample std over the two seeds: 0.01 / sqrt(2)
-    with pytest.raises(SystemExit, match="lambda"):
-        expand({**preset, "sweep": {"reg": ["l2"], "a": [0.5]}})
+    with pytest.raises(SystemExit, match="non-empty list"):
+        expand_sweep({**preset, "sweep": {**preset["sweep"], "pfedpm.lambda": []}})

@@ -65,7 +65,7 @@ def test_the_resume_table_refuses_a_dirty_tree_before_it_runs_anything(repo, mon
 
 
 def test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits():
-    from runner.compare import made_line
+    from runner.compare_table import made_line
 
     made = {"command": "python -m runner.compare conf/x.toml --reuse --seeds 0,1", "commit": "abc1234",
             "commits": {"abc1234": ["fedavg-s0", "fedavg-s1"], "0def567": ["local-s0"]}, "dirty": True}
@@ -145,9 +145,9 @@ def test_tuning_refuses_a_dirty_tree_but_not_the_family_file_it_writes_itself(re
     family file that an earlier, cut-off call left uncommitted is its own output: a second call runs, and its
     record names the plain commit (it said ``+changes`` before)."""
     from benchmarks import tune
-    from fedcore import tuning_grid
+    from fedcore.registry import get_method
 
-    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     (repo / "conf").mkdir()
     preset = repo / "conf" / "tiny.toml"
     preset.write_text(f'''[compare]
@@ -173,6 +173,8 @@ device = "{test_device()}"
     assert not (repo / "docs").exists() and not family.exists()  # nothing run, nothing written
     assert tune.main([str(preset), "--allow-dirty"]) == 0
     assert tune.read_family(family)["fedprox"]["commit"] == provenance.commit() + "+changes"
+    # the dirty tree's own source hash, so a later reader can match it to a committed commit's
+    assert tune.read_family(family)["fedprox"]["source-hash"] == provenance.source_hash() != ""
     _git(repo, "checkout", "fedcore/x.py")
     assert provenance.uncommitted() == ["conf/tuned/fam.toml"]  # the first call's output, not committed yet
     assert tune.main([str(preset), "--retune"]) == 0
@@ -240,7 +242,9 @@ def test_table_only_tables_runs_of_an_earlier_source_only_when_named(compared, c
     so is a hash no run has, before anything is written."""
     import shutil
 
-    from runner.compare import made_line, run_all
+    from runner.compare import run_all
+
+    from runner.compare_table import made_line
 
     out = compared
     table, records = (out / "table.csv").read_text(), run_data.load(out)
@@ -281,7 +285,7 @@ def test_table_only_tables_runs_of_an_earlier_source_only_when_named(compared, c
 def _cut_off_in_round_2(preset: dict, out: Path, code: dict) -> None:
     """Begin fedavg seed 0 of ``preset`` as its comparison job does and stop it in round 2, after round 1's
     checkpoint."""
-    from runner.compare import entries, job_config
+    from runner.compare_presets import entries, job_config
 
     begin_and_cut_off(job_config(preset, entries(preset)[0], 0, out), code)
 
@@ -355,11 +359,13 @@ def test_resume_continues_a_cut_off_run_only_under_the_code_that_began_it(tmp_pa
 
 
 def _recomputed_table(folder: Path) -> str:
-    from runner.compare import _footer_failures, entries, render_table, table_rows
+    from runner.compare_presets import entries
+    from runner.compare_rows import table_rows
+    from runner.compare_table import footer_failures, render_table
 
     preset = json.loads((folder / "preset.json").read_text())
     rows = table_rows(entries(preset), run_data.summaries(folder), preset)
-    return render_table(rows, preset, _footer_failures(folder / "table.md"))
+    return render_table(rows, preset, footer_failures(folder / "table.md"))
 
 
 def test_a_table_recomputes_from_its_per_run_data(made_once):

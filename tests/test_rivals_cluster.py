@@ -271,7 +271,7 @@ def test_heurfedamp_softmax_is_stable_for_a_large_sigma_row_by_row():
 
 # ---------------------------------------------------------------------- strategies on ClientReply objects
 def _strategy(method, n=6, rounds=5, **hp):
-    from benchmarks.server_time import fake_clients
+    from tests.fakes import fake_clients
     from fedcore.registry import get_method
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1

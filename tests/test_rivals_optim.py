@@ -23,7 +23,7 @@ from clients.pfedme import PERSONAL, PFedMeClient, local_step, personal_solve
 from clients.training import batch_stream, evaluate_model
 from fedcore import wire
 from fedcore.config import Config, ConfigError
-from fedcore.methods.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER
+from fedcore.methods.fednova import A_NORM, EPOCHS, LOCAL_STEPS, NORMALIZER, example_reply
 from fedcore.methods.l2gd import AVERAGING_STEPS, LOCAL_STEPS as L2GD_LOCAL_STEPS, PULL
 from fedcore.methods.pfedme import UPLOAD
 from fedcore.methods.fednova import effective_steps
@@ -596,8 +596,8 @@ def test_fednova_strategy_checks_a_norm_and_aggregates_by_the_formula(tmp_path):
 def test_fednova_example_reply_is_a_valid_reply(tmp_path):
     strategy = _strategy(FedNovaStrategy, tmp_path, "fednova", **{"local-epochs": 2})
     rng = np.random.default_rng(0)
-    assert strategy.example_reply(0, "evaluate", rng) == {}
-    records = strategy.example_reply(1, "train", rng)
+    assert example_reply(strategy, 0, "evaluate", rng) == {}
+    records = example_reply(strategy, 1, "train", rng)
     arrays = {name: wire.unpack_arrays(record) for name, record in records.items()}
     schema = strategy.reply_schema(1)
     assert set(arrays) == set(schema)
@@ -609,7 +609,7 @@ def test_fednova_example_reply_is_a_valid_reply(tmp_path):
     assert strategy.check_reply(ClientReply(1, 101, 100, {}, arrays)) is None
     assert arrays[NORMALIZER][A_NORM][0] > 1.0
     most = strategy.most_steps(1)
-    drawn = [float(wire.unpack_arrays(strategy.example_reply(1, "train", rng)[NORMALIZER])[A_NORM][0])
+    drawn = [float(wire.unpack_arrays(example_reply(strategy, 1, "train", rng)[NORMALIZER])[A_NORM][0])
              for _ in range(200)]
     assert 1.0 <= min(drawn) < 1.5 and most - 1.0 < max(drawn) <= most  # spread over 1..most
 

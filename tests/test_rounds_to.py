@@ -1,4 +1,4 @@
-"""benchmarks.rounds_to: the rounds each seed took to reach accuracy marks, read from a table's per-run data."""
+"""`python -m runner.table <folder> rounds`: the rounds each seed took to reach accuracy marks, read from a table's per-run data."""
 
 import json
 import math
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.rounds_to import main, render, rounds_to_marks
 from runner import run_data
-from runner.compare import read_table_csv
+from runner.compare_table import read_table_csv
+from runner.table import main, render_rounds, rounds_to_marks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,20 +28,20 @@ def test_first_round_at_or_above_each_mark_per_seed_in_the_tables_order(tmp_path
     assert found["zeta"] == {"seeds": [0, 1], 0.8: [1, 3], 0.9: [None, 3]}
     assert found["alpha"] == {"seeds": [0, 1], 0.8: [None, 1], 0.9: [None, 1]}
     assert rounds_to_marks(tmp_path, [0.78], "acc_client_mean")["zeta"][0.78] == [None, 3]  # seed 0 tops at 0.75
-    main([str(tmp_path), "--marks", "80,90"])
+    main([str(tmp_path), "rounds", "--marks", "80,90"])
     out = capsys.readouterr().out
     assert "| zeta | 0 / 1 | 1 / 3 | - / 3 |" in out and "| alpha | 0 / 1 | - / 1 | - / 1 |" in out
-    assert "| method | seeds | rounds to 80% | rounds to 90% |" in render(found, [0.8, 0.9], "acc_weighted")
+    assert "| method | seeds | rounds to 80% | rounds to 90% |" in render_rounds(found, [0.8, 0.9], "acc_weighted")
 
 
 def test_bad_input_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no runs.json.gz"):
-        main([str(tmp_path)])
+        main([str(tmp_path), "rounds"])
     run_data.write(tmp_path, [_run("a", 0, [0.5])])
     with pytest.raises(SystemExit, match="percentage in"):
-        main([str(tmp_path), "--marks", "0.8,150"])
+        main([str(tmp_path), "rounds", "--marks", "0.8,150"])
     with pytest.raises(SystemExit, match="comma-separated"):
-        main([str(tmp_path), "--marks", "80;90"])
+        main([str(tmp_path), "rounds", "--marks", "80;90"])
 
 
 def test_it_agrees_with_a_committed_tables_rounds_to_target_column():

@@ -10,15 +10,17 @@ import pytest
 
 from benchmarks import tune
 from fedcore import tuning_grid
-from fedcore.registry import get_method
+from fedcore.registry import REGISTRY, get_method
+
+TUNED = [name for name, method in REGISTRY.items() if method.tuning_grid]  # methods with a grid
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # ====================================================================== the protocol's rules
-@pytest.mark.parametrize("method", sorted(tuning_grid.GRIDS))
+@pytest.mark.parametrize("method", sorted(TUNED))
 def test_every_grid_has_at_most_9_settings_of_at_most_2_own_valid_keys_and_holds_the_default(method):
-    grid = tuning_grid.GRIDS[method]
+    grid = get_method(method).tuning_grid
     hparams = get_method(method).hparams
     assert 1 <= len(grid) <= tuning_grid.MAX_SETTINGS == 9
     names = set(itertools.chain.from_iterable(grid))
@@ -33,7 +35,7 @@ def test_every_grid_has_at_most_9_settings_of_at_most_2_own_valid_keys_and_holds
 
 
 def test_no_common_key_is_tuned_per_method():
-    for method in tuning_grid.GRIDS:
+    for method in TUNED:
         assert not set(tuning_grid.tuned_keys(method)) & set(tuning_grid.COMMON_KEYS)
 
 
@@ -96,6 +98,13 @@ def test_rechoose_applies_the_rule_to_a_family_files_numbers_and_runs_nothing(tm
     _, splits = federated_data(*Config.from_run_config(run).data_key(3))
     assert records["fedprox"]["val-samples"] == sum(len(s.val) for s in splits) > 0
     assert "val-samples = " in family.read_text()
+
+
+def test_a_record_says_its_source_hash_or_that_a_dirty_tuning_must_be_redone():
+    assert tune.code_note({"commit": "abc1234", "source-hash": "0123456789abcdef"}) == ", source hash 0123456789abcdef"
+    assert "tuned again from committed code" in tune.code_note({"commit": "abc1234+changes"})
+    assert tune.code_note({"commit": "abc1234+changes", "source-hash": "0123"}) == ", source hash 0123"
+    assert tune.code_note({"commit": "abc1234"}) == ""
 
 
 def test_a_preset_without_a_validation_split_is_refused():
@@ -166,7 +175,7 @@ weight-decay = 0.001
 
 
 def test_common_keys_that_differ_between_rows_are_flagged_unless_declared(tmp_path):
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     _, path = _preset(tmp_path)
     preset = load_preset(path)
@@ -181,9 +190,9 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     """Tunes fedprox's mu on a two-setting grid (the preset's first seed, 1 of its 2 rounds), writes the family
     file the preset now names and tuning.md; the comparison then runs fedprox at the chosen mu; a second call
     reuses the choice without running anything."""
-    from runner.compare import entries, load_preset
+    from runner.compare_presets import entries, load_preset
 
-    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     conf, path = _preset(tmp_path)
     assert tune.main([str(path)]) == 0
     family = conf / "tuned" / "digits-pathological.toml"
@@ -211,7 +220,11 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     assert rows["fedprox"]["fedprox.mu"] == [0.01, 5.0][best] and rows["fedprox-wd"]["fedprox.mu"] == [0.01, 5.0][best]
     assert "fedprox.mu" not in rows["fedavg"]
     report = (tmp_path / "out" / "tuning.md").read_text()
-    assert "## fedprox" in report and "tuned by this command (seed 3, 1 of 2 rounds)" in report and "chosen" in report
+    from runner import provenance
+
+    assert rec["source-hash"] == provenance.source_hash()  # the record names the code it was tuned with
+    assert "## fedprox" in report and "chosen" in report
+    assert f"tuned by this command (seed 3, 1 of 2 rounds, source hash {provenance.source_hash()})" in report
     assert "Not tuned yet" not in report
     assert f"{100 * vals[0]:.2f}" in report and "**weight-decay** differs between rows" in report
     assert (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
@@ -221,7 +234,7 @@ def test_tune_command_end_to_end_on_a_tiny_preset(tmp_path, monkeypatch):
     assert not (tmp_path / "out" / "runs" / "tuning" / "fedprox-1" / "summary.json").exists()
     # a reused choice names the budget it was made with (seed 3, 1 of 2 rounds), not the reading preset's
     assert "reused: tuned with preset `tiny` at commit" in (tmp_path / "out" / "tuning.md").read_text()
-    assert "(seed 3, 1 of 2 rounds)" in (tmp_path / "out" / "tuning.md").read_text()
+    assert f"(seed 3, 1 of 2 rounds, source hash {rec['source-hash']})" in (tmp_path / "out" / "tuning.md").read_text()
     assert path.read_text().count("tuned =") == 1
 
 
@@ -230,10 +243,10 @@ def test_a_tuning_cut_off_goes_on_where_it_stopped_and_reruns_under_other_source
     and continues the cut-off one from its checkpoint to the uninterrupted numbers; under other source code every
     setting runs again."""
     from runner import provenance
-    from runner.compare import entries, load_preset
+    from runner.compare_presets import entries, load_preset
     from tests.conftest import begin_and_cut_off
 
-    monkeypatch.setitem(tuning_grid.GRIDS, "fedprox", [{"mu": 0.01}, {"mu": 5.0}])
+    monkeypatch.setattr(get_method("fedprox").declaration, "TUNING_GRID", [{"mu": 0.01}, {"mu": 5.0}])
     conf, path = _preset(tmp_path)
     path.write_text(path.read_text().replace("num-server-rounds = 2", "num-server-rounds = 4"))  # a 2-round grid
     assert tune.main([str(path), "--methods", "fedprox"]) == 0
@@ -270,11 +283,12 @@ ROOT = tuning_grid.Path(__file__).resolve().parents[1]
 KNOWN_UNEQUAL = {f"fedfcd-{name}.toml": {"momentum", "weight-decay"} for name in (
     "cifar10-dirichlet", "cifar10-dirichlet-m50", "cifar10-dirichlet-m100", "cifar10-pathological",
     "cifar10-pathological-m50", "cifar10-pathological-m100", "cifar100-dirichlet", "cifar100-pathological")}
+KNOWN_UNEQUAL["fedfcd-mnist5k-sweep.toml"] = {"lr"}  # its [sweep] grid chooses lr on validation: the rows differ on purpose
 
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "conf").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_presets_give_every_row_the_same_common_keys_or_say_why_not(preset):
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     assert set(tune.unequal_keys(load_preset(preset))) == KNOWN_UNEQUAL.get(preset.name, set())
 
@@ -284,7 +298,7 @@ def test_shipped_presets_give_every_row_the_same_common_keys_or_say_why_not(pres
 def test_a_family_choice_equal_to_the_default_leaves_the_rows_run_config_unchanged(preset):
     """Where the family keeps a method's default, its rows resolve to the same run config as without the family
     file: a table built before the preset read it (e.g. FedFCD's Fig. 5 tables) ran what the preset asks now."""
-    from runner.compare import entries, load_preset, run_config
+    from runner.compare_presets import entries, load_preset, run_config
 
     tuned, plain = load_preset(preset), load_preset(preset)
     plain.pop("tuned-config")
@@ -308,7 +322,7 @@ def test_no_row_labelled_as_its_method_overrides_the_familys_choice(preset):
     """A row named after its method runs the protocol's choice: a preset value for a tuned key would bypass it (the
     Synthetic N = 20 preset ran Per-FedAvg at alpha 0.02 and pFedMe at lambda 20 beside a family choice of 0.01 and
     15). Variants that study a method's own options may, and tuning.md lists them."""
-    from runner.compare import load_preset
+    from runner.compare_presets import load_preset
 
     own = tune.overrides(load_preset(preset))
-    assert not [o for o in own if o[0] in tuning_grid.GRIDS], own
+    assert not [o for o in own if o[0] in TUNED], own

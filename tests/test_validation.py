@@ -120,7 +120,8 @@ def test_the_summary_table_names_what_picked_the_round():
 
 
 def test_comparison_tables_use_the_test_accuracy_at_the_best_validation_round(tmp_path):
-    from runner.compare import aggregate_row, write_table
+    from runner.compare_rows import aggregate_row
+    from runner.compare_table import write_table
 
     common = {"final_acc": 0.7, "client_acc_mean": 0.7, "best_acc": 0.9, "best_client_acc_mean": 0.9,
               "last10_acc": 0.7, "bytes_up_per_round": 1e6, "bytes_down_per_round": 1e6, "wall_s_per_round": 1.0}

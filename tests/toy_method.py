@@ -21,8 +21,7 @@ from fedcore.registry import Method
 from fedstrategies.base import PersonalizedStrategy
 from tests.toy_declaration import RECORD, STEPS_TAG
 
-METHOD = Method("toy", "test method", "tests.toy_method:ToyStrategy", "tests.toy_method:ToyClient",
-                "tests.toy_declaration")  # REGISTRY["toy"]
+METHOD = Method.declared_in("tests.toy_declaration", name="toy")  # REGISTRY["toy"]
 
 
 def lr_for(server_round: int) -> float:

@@ -1,18 +1,22 @@
-"""Mutation testing of the paper methods (mutmut 3): ``python -m tools.mutation fedsac``.
+"""Mutation testing of the paper methods, the rivals and the machinery behind every verdict (mutmut 3):
+``python -m tools.mutation fedsac``, ``python -m tools.mutation stats --workers 1``.
 
-Each method is mutated in its own copy of the project (``.mutation/<method>/``), so that methods can run
-side by side and the working tree is never touched. Only the method's own modules are mutated and only its
+Each target is mutated in its own copy of the project (``.mutation/<target>/``), so that targets can run
+side by side and the working tree is never touched. Only the target's own modules are mutated and only its
 fast tests run against each mutant. The report (docs/results/mutation/<method>.md) counts killed and
 surviving mutants; a survivor listed in tests/mutation/<method>.toml as equivalent (same behaviour) or out
 of scope (logging, error text) is left out of the ratio, with its one-line reason shown. After writing
 tests for the survivors, ``--survivors`` tests only those again (``--report-only`` rewrites the report alone).
+Each report records its modules' content hash; ``--stale`` lists the reports whose modules changed since.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,12 +28,15 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutation"
 REPORTS = ROOT / "docs" / "results" / "mutation"
 ANNOTATIONS = ROOT / "tests" / "mutation"
+KNOWN_STALE = ANNOTATIONS / "known-stale.toml"
 TARGET_RATIO = 0.90
+# the packages mutmut copies into its mutants/ tree (a target's modules must lie in one of them)
+PACKAGES = ("fedcore", "fedstrategies", "clients", "server_app", "partitions", "runner", "benchmarks")
 
 
 @dataclass(frozen=True)
 class Target:
-    """What is mutated for one method and which fast tests judge each mutant."""
+    """What is mutated for one method (or one piece of machinery) and which fast tests judge each mutant."""
 
     modules: tuple[str, ...]
     tests: tuple[str, ...]
@@ -67,6 +74,12 @@ TARGETS: dict[str, Target] = {
     "pfedgraph": Target(("fedstrategies/pfedgraph.py", "clients/pfedgraph.py"), ("tests/test_fedsac_pfedgraph.py",)),
     "fednova": Target(("fedstrategies/fednova.py", "clients/fednova.py", "fedcore/methods/fednova.py"),
                       ("tests/test_rivals_optim.py",)),
+    # the machinery behind every verdict: a table's statistics, best-on-validation selection, the tuning rule,
+    # provenance and per-run data, checkpoints, reply validation, the partitioners and split files, the writers
+    "stats": Target(("runner/stats.py",),
+                    ("tests/test_provenance.py::test_the_paired_t_interval_matches_a_hand_computation",
+                     "tests/test_provenance.py::test_sample_std_and_its_conversion_from_a_population_std",
+                     "tests/test_stats_rules.py")),
 }
 
 # Verdicts of mutmut 3 (`mutmut results --all true`) that count as a test catching the mutant.
@@ -89,12 +102,11 @@ def _copy_project(dest: Path) -> None:
 
 def _mutmut_config(target: Target, workers: int) -> str:
     lists = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
-    packages = ["fedcore", "fedstrategies", "clients", "server_app", "partitions"]
     return "\n".join([
         "", "[tool.mutmut]",
-        f"source_paths = {lists(packages)}",
+        f"source_paths = {lists(PACKAGES)}",
         f"only_mutate = {lists(target.modules)}",
-        f"also_copy = {lists(['benchmarks', 'conf', 'tools'])}",
+        f"also_copy = {lists(['conf', 'tools'])}",
         f"pytest_add_cli_args_test_selection = {lists(target.tests)}",
         # one process per mutant, no xdist inside it; the suite's timeout still ends a hung mutant
         'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-x", "-q"]',
@@ -182,6 +194,57 @@ def summarise(verdicts: dict[str, str], notes: dict[str, tuple[str, str]]) -> di
             "stale_notes": sorted(n for n in notes if n not in verdicts)}
 
 
+def modules_hash(modules: tuple[str, ...], read=lambda path: (ROOT / path).read_bytes()) -> str:
+    """A short sha256 of the target's modules (their paths and contents, in the target's order); a module
+    that ``read`` cannot find (moved or deleted) hashes as missing, so a move makes the report stale."""
+    digest = hashlib.sha256()
+    for path in modules:
+        try:
+            content = read(path)
+        except (FileNotFoundError, subprocess.CalledProcessError):
+            content = b"<missing>"
+        digest.update(path.encode() + b"\0" + content + b"\0")
+    return digest.hexdigest()[:16]
+
+
+HASH_LINE = re.compile(r"Modules' content hash: `([0-9a-f]+)`")
+COMMIT_LINE = re.compile(r"at commit `([0-9a-f]+)`")
+
+
+def report_hash(method: str) -> str | None:
+    """The modules' hash a report was made for: the one it records, or (a report from before reports recorded
+    one) the hash of its modules at the commit it names, read from git. None without a report."""
+    path = REPORTS / f"{method}.md"
+    if not path.exists():
+        return None
+    text = path.read_text()
+    if found := HASH_LINE.search(text):
+        return found.group(1)
+    commit = COMMIT_LINE.search(text)
+    if not commit:
+        return None
+    show = lambda module: subprocess.run(["git", "show", f"{commit.group(1)}:{module}"], cwd=ROOT,  # noqa: E731
+                                         check=True, capture_output=True).stdout
+    return modules_hash(TARGETS[method].modules, show)
+
+
+def stale_reports() -> dict[str, str]:
+    """``target -> why`` for every target whose report is missing or was made for other module contents."""
+    stale = {}
+    for method, target in TARGETS.items():
+        made_for = report_hash(method)
+        if made_for is None:
+            stale[method] = "no report"
+        elif made_for != modules_hash(target.modules):
+            stale[method] = "its modules changed since the report was made"
+    return stale
+
+
+def known_stale() -> dict[str, str]:
+    """The reports tests/mutation/known-stale.toml says are stale (each with why it is not re-run yet)."""
+    return dict(tomllib.loads(KNOWN_STALE.read_text()).get("stale", {})) if KNOWN_STALE.exists() else {}
+
+
 def write_report(method: str, verdicts: dict[str, str]) -> float:
     s = summarise(verdicts, load_annotations(method))
     target = TARGETS[method]
@@ -194,6 +257,9 @@ def write_report(method: str, verdicts: dict[str, str]) -> float:
         f"Made by `make mutation METHOD={method}` (`python -m tools.mutation {method}`, mutmut 3) at commit "
         f"`{commit}`. Mutated: {', '.join(f'`{m}`' for m in target.modules)}. Tests run against each mutant: "
         f"{', '.join(f'`{t}`' for t in target.tests)}.",
+        "",
+        f"Modules' content hash: `{modules_hash(target.modules)}` (`python -m tools.mutation --stale` lists the "
+        "reports whose modules changed since).",
         "",
         "| mutants | killed | survived | equivalent | out of scope | not run | kill ratio (killed / (killed + survived + not run)) |",
         "|---|---|---|---|---|---|---|",
@@ -223,12 +289,19 @@ def write_report(method: str, verdicts: dict[str, str]) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("methods", nargs="*", default=list(TARGETS), help=f"any of {', '.join(TARGETS)}")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                        help="mutants tested at once (mutmut's --max-children); 1 on a shared machine")
     parser.add_argument("--fresh", action="store_true", help="forget mutmut's cached verdicts")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report from the last run's verdicts")
     parser.add_argument("--survivors", action="store_true",
                         help="re-run only the last run's unexcused survivors (after adding tests)")
+    parser.add_argument("--stale", action="store_true",
+                        help="list the reports whose modules changed since they were made, and run nothing")
     args = parser.parse_args(argv)
+    if args.stale:
+        for method, why in stale_reports().items():
+            print(f"{method}: {why}")
+        return 0
     if args.survivors and args.fresh:
         parser.error("--survivors re-runs the last run's survivors; --fresh forgets them")
     unknown = [m for m in args.methods if m not in TARGETS]

@@ -4,6 +4,7 @@ cross the wire."""
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 LINKAGES = ("single", "complete")  # how a cluster is cut in two (fedstrategies/cfl_math.py)
 
@@ -23,3 +24,11 @@ HPARAMS = {
     "weighting": Key("size", "p_i in the mean update and the cluster model: |D_i| / |D_c| (paper) or 1 / |c| "
                      "(authors' code)", choices=("size", "uniform")),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "CFL (Sattler et al. 2020): clusters split in two by the cosine of their members' updates"
+STRATEGY = "fedstrategies.cfl:CFLStrategy"
+CLIENT = "clients.cfl:CFLClient"
+POSITION = 26  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(eps1=[0.1, 0.15, 0.25], eps2=[0.4, 0.6, 0.8])

@@ -40,3 +40,26 @@ PAPER_SETTINGS = {
     **same_model("mupflcnn", *GREY_28),
     **same_model("resnet8", "cifar10", "cifar100"),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "CReFF (Shang et al. 2022): FedAvg, classifier re-trained on gradient-matched federated features"
+STRATEGY = "fedstrategies.creff:CReFFStrategy"
+CLIENT = "clients.creff:CReFFClient"
+POSITION = 14  # its row in the registry's order (the README's and docs' method tables)
+# the matching's step is on another scale for each optimiser: a list, not a product
+TUNING_GRID = ([{"match-optimizer": "adam", "match-lr": lr} for lr in (0.003, 0.01, 0.03)]
+               + [{"match-optimizer": "sgd", "match-lr": lr} for lr in (0.1, 1.0, 10.0)])
+
+
+def example_reply(strategy, pid: int, phase: str, rng) -> dict:
+    """A train reply for the server benchmark and the fuzz tests: noisy weights and class gradients with 0/1
+    present-class flags."""
+    from fedcore import wire
+    from fedcore.methods._replies import noisy_weights, present_class_gradients
+
+    if phase != "train":
+        return {}
+    weights = noisy_weights(strategy.global_weights, rng)
+    z, present = present_class_gradients(strategy, pid, rng)
+    return {wire.WEIGHTS: wire.pack_arrays(weights), GRADIENTS: wire.pack_arrays({"z": z, "present": present})}

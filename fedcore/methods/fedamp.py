@@ -10,6 +10,7 @@ Evaluation sends nothing: each client scores its own w_i, kept in its state.
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 # record: the cloud model u_i, arrays by state-dict key (the model's shapes and dtypes)
 CLOUD = "fedamp-cloud"
@@ -28,3 +29,11 @@ HPARAMS = {
     "start": Key("own", "where local training starts: the client's own model w_i (PFLlib) or its cloud model u_i",
                  choices=("own", "cloud")),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "FedAMP (Huang et al. 2021): cloud models by attentive message passing over model distances"
+STRATEGY = "fedstrategies.fedamp:FedAMPStrategy"
+CLIENT = "clients.fedamp:FedAMPClient"
+POSITION = 24  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(**{"alpha-k": [0.25, 0.5, 1.0], "lambda": [0.1, 1.0, 3.0]})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fedcore.config import Key
 from fedcore.paper_settings import GREY_28, same_model
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- server -> client
 # record: the global head phi_g, arrays "weight" (C, d) and "bias" (C,) float32
@@ -60,3 +61,11 @@ PAPER_SETTINGS = {
     "cifar10": {"model": "fedavgcnn"},
     "cifar100": {"model": "resnet18"},
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "FedFCD (Li et al. 2024): feature alignment, server-trained global head, decision fusion"
+STRATEGY = "fedstrategies.fedfcd:FedFCDStrategy"
+CLIENT = "clients.fedfcd:FedFCDClient"
+POSITION = 12  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(**{"lambda": [0.0, 0.1, 1.0, 5.0]})

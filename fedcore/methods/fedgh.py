@@ -10,6 +10,7 @@ client -> server (train):
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- server -> client
 # record: the global header, arrays "weight" (C, d) and "bias" (C,) float32
@@ -30,3 +31,12 @@ HPARAMS = {
 PAPER_SETTINGS = {
     "*": {"lr": 0.01, "momentum": 0.9, "weight-decay": 1e-3, "batch-size": 64, "local-epochs": 10},
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = ("FedGH (Yi et al. 2023): global header trained on the server from class prototypes, replaces each "
+           "client's")
+STRATEGY = "fedstrategies.fedgh:FedGHStrategy"
+CLIENT = "clients.fedgh:FedGHClient"
+POSITION = 21  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(**{"server-lr": [0.001, 0.01, 0.1]})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fedcore.config import Key
 from fedcore.paper_settings import same_model
+from fedcore.tuning_grid import product
 
 # config flags of a train message
 RECEIVE = "fedmcsa-receive"  # the message carries this client's personalised model W_i
@@ -83,3 +84,11 @@ PAPER_SETTINGS = {
 def setting_options(hparams: dict) -> dict:
     """The paper-setting values that this run's ``fedmcsa.*`` options decide: the variant's weight decay."""
     return {"weight-decay": VARIANTS[hparams.get("variant", DEFAULT_VARIANT)]["weight-decay"]}
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "FedMCSA (Guo et al. 2023): per-layer self-attention across clients' models on the server"
+STRATEGY = "fedstrategies.fedmcsa:FedMCSAStrategy"
+CLIENT = "clients.fedmcsa:FedMCSAClient"
+POSITION = 9  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(variant=["authors-code", "paper"], sigma=[10.0, 50.0, 100.0])

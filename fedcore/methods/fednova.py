@@ -42,3 +42,24 @@ HPARAMS = {
     "max-epochs": Key(0, "0 = every client runs local-epochs; else each sampled client draws its local epochs "
                       "uniformly from local-epochs..max-epochs every round (the paper: 2..5)", low=0),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "FedNova (Wang et al. 2020): updates normalised by effective local steps"
+STRATEGY = "fedstrategies.fednova:FedNovaStrategy"
+CLIENT = "clients.fednova:FedNovaClient"
+POSITION = 20  # its row in the registry's order (the README's and docs' method tables)
+
+
+def example_reply(strategy, pid: int, phase: str, rng) -> dict:
+    """A valid train reply for the server benchmark and the fuzz tests (random noise is no valid ||a_i||_1)."""
+    import numpy as np
+
+    from fedcore import wire
+    from fedcore.methods._replies import noisy_weights
+
+    if phase != "train":
+        return {}
+    weights = noisy_weights(strategy.global_weights, rng)
+    a = 1.0 + (strategy.most_steps(pid) - 1.0) * rng.random()
+    return {wire.WEIGHTS: wire.pack_arrays(weights), NORMALIZER: wire.pack_arrays({A_NORM: np.array([a])})}

@@ -18,3 +18,10 @@ HPARAMS = {
     "generic-loss": Key("bsm", "loss of the generic model: balanced softmax (the paper's) or plain cross-entropy "
                         "(ablation)", choices=("bsm", "ce")),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "FedRoD (Chen & Chao 2022): balanced-softmax generic model plus a personal head, logits summed"
+STRATEGY = "fedstrategies.fedrod:FedRoDStrategy"
+CLIENT = "clients.fedrod:FedRoDClient"
+POSITION = 22  # its row in the registry's order (the README's and docs' method tables)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fedcore.config import Key
 from fedcore.paper_settings import GREY_28, same_model
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- server -> client
 # config key: the local pull of this message, "off" or one of REGULARISERS
@@ -75,3 +76,28 @@ PAPER_SETTINGS = {
     "cifar10": {"model": "simplecnn", "augmentation": "crop-flip"},
     "cifar100": {"model": "simplecnn", "local-steps": 400, "augmentation": "crop-flip"},
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "FedSaC (Yan et al. 2024): per-client models mixed by a similarity/complementarity graph"
+STRATEGY = "fedstrategies.fedsac:FedSaCStrategy"
+CLIENT = "clients.fedsac:FedSaCClient"
+POSITION = 15  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(alpha=[0.5, 0.7, 0.9], beta=[1.0, 1.4, 1.6])
+
+
+def example_reply(strategy, pid: int, phase: str, rng) -> dict:
+    """A train reply for the server benchmark and the fuzz tests: theta(0) plus noise and an orthonormal basis
+    (random noise would fail the orthonormality check); pFedGraph's replies have no basis."""
+    import numpy as np
+
+    from fedcore import wire
+    from fedcore.methods._replies import noisy_weights
+
+    if phase != "train":
+        return {}
+    reply = {wire.WEIGHTS: wire.pack_arrays(noisy_weights(strategy.initial_weights, rng))}
+    if SUBSPACE in strategy.reply_schema(pid):
+        basis, _ = np.linalg.qr(rng.standard_normal((strategy.model.feature_dim, strategy.hp["k"])))
+        reply[SUBSPACE] = wire.pack_arrays({BASIS: basis.astype(np.float32)})
+    return reply

@@ -4,6 +4,7 @@ cross the wire."""
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
 HPARAMS = {
@@ -14,3 +15,11 @@ HPARAMS = {
     "lambda": Key(0.0, "proximal weight lambda/2 ||w - w~_k||^2 of the client's local objective (0: plain "
                   "training from the centre, the authors' code)", low=0.0),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "FeSEM (Long et al. 2023): K centre models, clients assigned by stochastic EM on model distance"
+STRATEGY = "fedstrategies.fesem:FeSEMStrategy"
+CLIENT = "clients.fesem:FeSEMClient"
+POSITION = 27  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(clusters=[2, 3, 4, 5])

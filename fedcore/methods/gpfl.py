@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fedcore.config import Key
 from fedcore.paper_settings import same_model
+from fedcore.tuning_grid import product
 
 # the state-dict key prefixes of the two global modules in the weights record
 GCE_PREFIX = "gce."
@@ -38,3 +39,11 @@ PAPER_SETTINGS = {
           "fraction-train": 1.0},
     **same_model("fedavgcnn", "mnist5k", "mnist", "fmnist", "cifar10", "cifar100"),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "GPFL (Zhang et al. 2023): global extractor, CoV and GCE; personal head on the valve's personal route"
+STRATEGY = "fedstrategies.gpfl:GPFLStrategy"
+CLIENT = "clients.gpfl:GPFLClient"
+POSITION = 23  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(**{"lambda": [0.001, 0.01, 0.1], "mu": [0.01, 0.1, 1.0]})

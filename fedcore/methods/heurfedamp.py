@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fedcore.config import Key
 from fedcore.methods.fedamp import HPARAMS as FEDAMP_HPARAMS
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
 HPARAMS = {
@@ -18,3 +19,11 @@ HPARAMS = {
     "lambda": FEDAMP_HPARAMS["lambda"],
     "start": FEDAMP_HPARAMS["start"],
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "HeurFedAMP (Huang et al. 2021): FedAMP with a fixed self-weight and cosine attention"
+STRATEGY = "fedstrategies.heurfedamp:HeurFedAMPStrategy"
+CLIENT = "clients.fedamp:HeurFedAMPClient"
+POSITION = 25  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(**{"self-weight": [0.1, 0.3, 0.5], "sigma": [1.0, 10.0, 30.0]})

@@ -12,6 +12,7 @@ client -> server (train):
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- server -> client (config keys)
 AVERAGING_STEPS = "l2gd-averaging-steps"  # int >= 0: consecutive averaging steps x_i <- x_i - pull (x_i - x_bar)
@@ -29,3 +30,11 @@ HPARAMS = {
     "lambda": Key(1.0, "lambda: weight of the penalty lambda/(2n) sum ||x_i - x_bar||^2 (0 = purely local, "
                   "large = one global model)", low=0.0, low_open=True),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "L2GD (Hanzely & Richtarik 2020): loopless local GD with random averaging steps"
+STRATEGY = "fedstrategies.l2gd:L2GDStrategy"
+CLIENT = "clients.l2gd:L2GDClient"
+POSITION = 19  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(p=[0.05, 0.1, 0.3], **{"lambda": [0.1, 1.0, 10.0]})

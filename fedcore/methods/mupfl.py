@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fedcore.config import Key
 from fedcore.paper_settings import GREY_28, same_model
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- server -> client
 HAS_FEATURES = "has-features"  # config flag: the message carries the federated features
@@ -66,3 +67,33 @@ PAPER_SETTINGS = {
     **{name: {"model": "mupflcnn", "augmentation": "crop-flip"} for name in ("cifar10", "cifar100")},
     "digits": {"model": "mupflcnn"},  # padding 2 keeps 8x8 inputs whole: BAVD has its sites here too
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "MuPFL (Zhang et al. 2023): activation dropout, clustered updates, classifier tuning on federated features"
+STRATEGY = "fedstrategies.mupfl:MuPFLStrategy"
+CLIENT = "clients.mupfl:MuPFLClient"
+POSITION = 13  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(**{"head-epochs": [10, 30, 50]})
+
+
+def example_reply(strategy, pid: int, phase: str, rng) -> dict:
+    """A train reply for the server benchmark and the fuzz tests: noisy weights, 0/1 present-class flags with
+    matching class gradients, the start head, and maps."""
+    import numpy as np
+
+    from fedcore import wire
+    from fedcore.methods._replies import noisy_weights, present_class_gradients
+
+    records = {}
+    if phase != "train":
+        return records
+    records[wire.WEIGHTS] = wire.pack_arrays(noisy_weights(strategy.global_weights, rng))
+    if strategy.hp["pkcf"]:
+        z, present = present_class_gradients(strategy, pid, rng)
+        records[START_HEAD] = wire.pack_arrays({k: strategy.global_weights[k] for k in strategy.head_keys})
+        records[GRADIENTS] = wire.pack_arrays({"z": z, "present": present})
+    if strategy.map_shapes:
+        records[MAPS] = wire.pack_arrays({str(i): rng.random(s).astype(np.float32)
+                                          for i, s in enumerate(strategy.map_shapes)})
+    return records

@@ -4,6 +4,7 @@ cross the wire."""
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
 HPARAMS = {
@@ -13,3 +14,11 @@ HPARAMS = {
                  "(the outer step size beta is the run's lr)", low=0.0, low_open=True),
     "delta": Key(0.001, "delta: finite-difference radius of the Hessian-free variant", low=0.0, low_open=True),
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "Per-FedAvg (Fallah et al. 2020): MAML meta-steps, one adaptation step before evaluation"
+STRATEGY = "fedstrategies.per_fedavg:PerFedAvgStrategy"
+CLIENT = "clients.per_fedavg:PerFedAvgClient"
+POSITION = 17  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(alpha=[0.001, 0.003, 0.01, 0.03, 0.1])

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from fedcore.config import Key
 from fedcore.methods.fedsac import EVAL_MODELS, REGULARISERS, SIM_VECTORS, SOLVERS
+from fedcore.methods.fedsac import example_reply  # noqa: F401  (FedSaC's, without the subspace pFedGraph lacks)
 from fedcore.paper_settings import GREY_28, same_model
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- hyperparameters (run-config keys <method>.<key>)
 HPARAMS = {
@@ -34,3 +36,11 @@ PAPER_SETTINGS = {
     "cifar10": {"model": "simplecnn"},
     "cifar100": {"model": "simplecnn"},
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "pFedGraph (Ye et al. 2023): per-client models mixed by a graph inferred from model similarity"
+STRATEGY = "fedstrategies.pfedgraph:PFedGraphStrategy"
+CLIENT = "clients.pfedgraph:PFedGraphClient"
+POSITION = 16  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(alpha=[0.6, 0.8, 0.9], **{"lambda": [0.001, 0.01, 0.1]})

@@ -10,6 +10,7 @@ client -> server (train):
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- server -> client (config key)
 UPLOAD = "pfedme-upload"  # bool: this client is in the round's sampled set S and sends its local model
@@ -36,3 +37,11 @@ PAPER_SETTINGS = {
           "fraction-train": 0.25},
     "synthetic": {"fraction-train": 0.1},
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "pFedMe (Dinh et al. 2020): Moreau-envelope personal models, server beta-mixing"
+STRATEGY = "fedstrategies.pfedme:PFedMeStrategy"
+CLIENT = "clients.pfedme:PFedMeClient"
+POSITION = 18  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(**{"lambda": [1.0, 5.0, 15.0, 30.0], "personal-lr": [0.01, 0.05]})

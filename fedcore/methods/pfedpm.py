@@ -9,6 +9,7 @@ client -> server (train):
 from __future__ import annotations
 
 from fedcore.config import Key
+from fedcore.tuning_grid import product
 
 # ---------------------------------------------------------------- server -> client
 # config flag: the train message carries GLOBAL_FEATURES (false until the first aggregation)
@@ -50,3 +51,25 @@ PAPER_SETTINGS = {
     "femnist": {"model": "protocnn-femnist"},
     "cifar10": {"model": "resnet18-tv", "augmentation": "crop-flip"},  # FedProto's code: crop + flip on CIFAR-10
 }
+
+
+# ---------------------------------------------------------------- its record (fedcore.registry, fedcore.tuning_grid)
+SUMMARY = "pFedPM (Xing et al.): class features mixed with global ones (a), relation module, no weights"
+STRATEGY = "fedstrategies.pfedpm:PFedPMStrategy"
+CLIENT = "clients.pfedpm:PFedPMClient"
+POSITION = 11  # its row in the registry's order (the README's and docs' method tables)
+TUNING_GRID = product(a=[0.25, 0.5, 0.75], **{"lambda": [0.1, 1.0, 5.0]})
+
+
+def example_reply(strategy, pid: int, phase: str, rng) -> dict:
+    """A realistic reply for the server benchmark and the fuzz tests: one random d-vector per local class."""
+    import numpy as np
+
+    from fedcore import wire
+
+    if phase == "evaluate":
+        return {}
+    counts = strategy.clients[pid].train_label_counts
+    ids = np.flatnonzero(counts)
+    feats = rng.standard_normal((len(ids), strategy.model.feature_dim)).astype(np.float32)
+    return {wire.CLASS_FEATURES: wire.pack_class_features(ids, feats, counts[ids])}

@@ -1,6 +1,6 @@
 """Steady round time of every method on CUDA against the CPU (docs/performance.md, "Rounds on CUDA").
 
-    python -m benchmarks.device_rounds --clients 10,100 --rounds 4 --out docs/results/device-rounds
+    python -m benchmarks.studies.device_rounds --clients 10,100 --rounds 4 --out docs/results/device-rounds
 
 Each method runs with its own settings on mnist5k (pathological, evaluation every round) for every
 client count, once per device (``device='cpu'``, ``device='cuda'``), through ``flwr run`` (Ray; on
@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.sim_speed import _rounds
+from benchmarks.sim_speed import training_rounds
 from runner.launch import simulate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOT_MEASURED = "not yet measured: needs a GPU machine"
 
 INPROCESS = """
@@ -41,7 +41,7 @@ print(json.dumps({"results_dir": summary["results_dir"]}))
 
 def steady_round(results_dir: str) -> float:
     """Median wall time of rounds 2..R (round 1 alone when there is only one)."""
-    rows = _rounds(results_dir)
+    rows = training_rounds(results_dir)
     return statistics.median(float(r["wall_s"]) for r in (rows[1:] or rows))
 
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = "flwr run (Ray; on CUDA the clients share the GPU)" if args.engine == "flwr" else \
         "the in-process engine (clients one after another)"
     setting = (f"{args.dataset}, pathological, each method's own settings, {args.rounds} rounds, evaluation every round, "
-               f"{engine}; command: python -m benchmarks.device_rounds --clients {args.clients} --rounds {args.rounds} "
+               f"{engine}; command: python -m benchmarks.studies.device_rounds --clients {args.clients} --rounds {args.rounds} "
                f"--engine {args.engine} --devices {args.devices}"
                + ("" if methods == list(REGISTRY) else f" --methods {args.methods}")
                + ("" if args.dataset == "mnist5k" else f" --dataset {args.dataset}"))

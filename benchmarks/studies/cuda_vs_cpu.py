@@ -1,6 +1,6 @@
 """Each method's accuracy after the GPU kit's CUDA runs against the same runs on the CPU.
 
-    python -m benchmarks.cuda_vs_cpu docs/results/cuda-vs-cpu/methods.txt --out docs/results/cuda-vs-cpu
+    python -m benchmarks.studies.cuda_vs_cpu docs/results/cuda-vs-cpu/methods.txt --out docs/results/cuda-vs-cpu
 
 The GPU kit (step d) runs every registered method for a few rounds with ``device='cuda'`` through
 ``flwr run`` and writes one line per method (``methods.txt``: status, final accuracy pooled and client
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             row.update(cpu_run(config, row["method"], supernodes))
         print(f"{row['method']:>12}: CUDA {pct(row['cuda_acc'])}  CPU "
               f"{row.get('cpu_seeds') or pct(row.get('cpu_acc'))}", flush=True)
-    made = {"command": provenance.command_line("benchmarks.cuda_vs_cpu", argv), "commit": provenance.tree_commit(), "gpu": args.gpu}
+    made = {"command": provenance.command_line("benchmarks.studies.cuda_vs_cpu", argv), "commit": provenance.tree_commit(), "gpu": args.gpu}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"config": config, "supernodes": supernodes, **made,
                                                        "seeds": seeds, "rows": rows}, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""How Per-FedAvg's score depends on the batches it adapts on: ``python -m benchmarks.peravg_test_adaptation``.
+"""How Per-FedAvg's score depends on the batches it adapts on: ``python -m benchmarks.studies.peravg_test_adaptation``.
 
 Per-FedAvg is scored after adapting the global model to each client. Its paper (and ``clients/per_fedavg.py``)
 takes one step of size alpha on a *training* batch. The code FedMCSA's repository names as its base (pFedMe's,
@@ -14,7 +14,7 @@ Each adaptation batch is a draw of ``batch-size`` samples, the same draws for ev
 docs/ only from committed code, ``runner.provenance.guard``), ``<out>/scores.csv`` (every client's accuracy for each
 draw and way) and the run's ``rounds.csv`` beside it, and the run under ``<out>/runs``:
 
-    python -m benchmarks.peravg_test_adaptation conf/fedmcsa-fmnist-mlr.toml --out docs/results/peravg-test-adaptation
+    python -m benchmarks.studies.peravg_test_adaptation conf/fedmcsa-fmnist-mlr.toml --out docs/results/peravg-test-adaptation
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     from fedcore.config import Config
     from fedcore.registry import get_method
     from runner import provenance
-    from runner.compare import entries, load_preset, run_config
+    from runner.compare_presets import entries, load_preset, run_config
     from runner.inprocess import run_inprocess
     from server_app import checkpoints
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                            server_round=int(saved["round"]))),
                                  content, alpha, beta, args.draws) for pid in range(num_clients)])
     recorded = recorded_accuracy(Path(summary["results_dir"]), int(saved["round"]))
-    lines = [f"Made by `{provenance.command_line('benchmarks.peravg_test_adaptation', argv)}` at commit "
+    lines = [f"Made by `{provenance.command_line('benchmarks.studies.peravg_test_adaptation', argv)}` at commit "
              f"`{code['commit']}` (source hash `{code['source_hash']}`)."
              + (" **Made from uncommitted code: not a result.**" if dirty else ""),
              f"Per-FedAvg as row `{args.label}` of `{args.preset.name}` runs it, seed {args.seed}, "

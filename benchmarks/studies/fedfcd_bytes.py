@@ -1,6 +1,6 @@
 """FedFCD's traffic per round against FedAvg's on the same model, with and without the evaluation messages.
 
-    python -m benchmarks.fedfcd_bytes conf/fedfcd-mnist5k-bytes.toml [--reuse]
+    python -m benchmarks.studies.fedfcd_bytes conf/fedfcd-mnist5k-bytes.toml [--reuse]
 
 Runs the preset through ``runner.compare.run_all`` (its ``table.md`` as usual), then reads each run's
 ``rounds.csv`` and writes ``traffic.md`` beside it: bytes per training round up and down, the evaluation
@@ -15,10 +15,14 @@ import argparse
 import csv
 from pathlib import Path
 
-from runner.compare import entries, load_preset, made_line, run_all
+from runner.compare import run_all
+
+from runner.compare_presets import entries, load_preset
+
+from runner.compare_table import made_line
 from runner.provenance import command_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def traffic(rounds_csv: Path) -> dict:
@@ -68,7 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write the docs/ tables from uncommitted code (to try things: they say so in bold)")
     args = parser.parse_args(argv)
-    command = command_line("benchmarks.fedfcd_bytes", argv)
+    command = command_line("benchmarks.studies.fedfcd_bytes", argv)
     preset = {**load_preset(args.preset), "made": {"command": command}}  # run_all adds commit(s)
     out = run_all(preset, ROOT, reuse=args.reuse, allow_dirty=args.allow_dirty)
     text = table(preset, out, command)

@@ -1,4 +1,4 @@
-"""Why FedSaC's self-weight W_ii collapses (issue #30): ``python -m benchmarks.fedsac_self_weight``.
+"""Why FedSaC's self-weight W_ii collapses (issue #30): ``python -m benchmarks.studies.fedsac_self_weight``.
 
 Runs FedSaC (and pFedGraph, its alpha = 0 ancestor) in-process on mnist5k, Dirichlet(0.1), 10 clients, one
 seed, and for every round reads back the recorded p, S, C and W (round_matrices/<round>.json) to report:
@@ -14,7 +14,7 @@ Writes ``<out>/table.md`` (the full command and the commit that made it on its f
 only from committed code, ``runner.provenance.guard``), the per-round plots ``metrics-<method>.png`` and
 ``graph-<method>.png`` beside it, and the runs under ``<out>/runs``:
 
-    python -m benchmarks.fedsac_self_weight --rounds 20 --out docs/results/fedsac-self-weight
+    python -m benchmarks.studies.fedsac_self_weight --rounds 20 --out docs/results/fedsac-self-weight
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
             if (folder / "round_matrices" / plot).exists():
                 shutil.copyfile(folder / "round_matrices" / plot, args.out / f"{name}-{method}.png")
     keys = list(table[0])
-    lines = [f"Made by `{provenance.command_line('benchmarks.fedsac_self_weight', argv)}` at commit `{code['commit']}`"
+    lines = [f"Made by `{provenance.command_line('benchmarks.studies.fedsac_self_weight', argv)}` at commit `{code['commit']}`"
              f" (source hash `{code['source_hash']}`)."
              + (" **Made from uncommitted code: not a result.**" if dirty else ""),
              f"Final weighted accuracy after {args.rounds} rounds: {', '.join(finals)} (one seed, not a comparison).",

@@ -4,7 +4,7 @@ Class gradients of 4 clients' real mnist5k features (320 random images each) thr
 initial weights are averaged as the server does; H (1,000 x 3136, N(0, 1)) is matched for 100 steps with each
 optimiser, twice (two rounds of the same target). Prints the mean matching distance before and after.
 
-    python -m benchmarks.mupfl_matching
+    python -m benchmarks.studies.mupfl_matching
 """
 
 from __future__ import annotations
