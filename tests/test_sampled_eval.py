@@ -143,3 +143,13 @@ def test_rounds_to_a_target_count_complete_rounds_only(tmp_path):
                          for r in rows)
     assert rounds_to_target(path, "acc_weighted", 0.96) == 4
     assert rounds_to_target(path, "acc_weighted", 0.94) == 4
+
+
+def test_a_run_resumes_with_another_evaluation_sample_or_from_before_the_keys_existed():
+    from server_app import checkpoints
+
+    now = Config.from_run_config({"fraction-evaluate": 0.2, "eval-every": 5}).to_dict()
+    before_the_keys = {k: v for k, v in now.items() if k not in ("fraction-evaluate", "min-evaluate-clients")}
+    assert checkpoints.config_changes(before_the_keys, now) == []
+    assert checkpoints.config_changes(now, {**now, "fraction-evaluate": 0.5, "min-evaluate-clients": 9}) == []
+    assert checkpoints.config_changes(now, {**now, "fraction-train": 0.5}) == ["fraction-train"]
