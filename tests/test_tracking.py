@@ -29,6 +29,10 @@ except ImportError as err:
     WANDB = f"the [wandb] extra is not installed ({err})"
 
 
+# one worker takes the module, so its module fixture runs once (make test: pytest-xdist --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("tracking")
+
+
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
     """FedSaC, 3 clients, 3 rounds, with a validation split: every tracker there is, one run."""
