@@ -141,9 +141,9 @@ bench-deploy-rivals: $(STAMP)
 bench-sim: $(STAMP)
 	$(BIN)/python -m benchmarks.sim_speed --methods fedavg,fedproto,ditto --clients 20 --rounds 50 --out docs/results/sim-speed
 
-# one real flwr run per client count: peak memory of the whole launch and s/round (docs/performance.md, "Scale")
+# flwr run at 100 to 10,000 clients beside the in-process round, peak memory per process kind (docs/scale.md); the memory-only table: python -m benchmarks.scale_e2e
 bench-scale: $(STAMP)
-	$(BIN)/python -m benchmarks.scale_e2e --clients 100,300,1000,2000 --rounds 5 --fraction 0.1 --out docs/results/scale-e2e
+	$(BIN)/python -m benchmarks.scale_round --clients 100,1000,10000 --rounds 5 --fraction 0.01 --evaluation sampled,all --rounds-all 3 --flower-path 1000 --out docs/results/scale-round
 
 # write pyproject.toml's [tool.flwr.app.config.<method>] tables from the declarations in fedcore/methods/
 .PHONY: sync-config

@@ -137,11 +137,14 @@ def pack_arrays(arrays: Mapping[str, object], compact: bool = False) -> ArrayRec
                             for key, v in values.items()})
     header = json.dumps([[k, v.dtype.str, list(v.shape)] for k, v in values.items()], separators=(",", ":")).encode()
     offsets, end = _packed_offsets(len(header), [v.nbytes for v in values.values()])
-    buffer = bytearray(end)
-    buffer[:len(_PACKED_MAGIC) + 4 + len(header)] = _PACKED_MAGIC + len(header).to_bytes(4, "little") + header
+    # one copy of the arrays, straight into the record's bytes (a bytearray filled and then turned into bytes
+    # was two: 1.6-2.6 ms against 0.7 ms for the 0.8 MB CNN on a loaded 2-core machine)
+    parts: list = [_PACKED_MAGIC, len(header).to_bytes(4, "little"), header]
+    at = len(_PACKED_MAGIC) + 4 + len(header)
     for value, offset in zip(values.values(), offsets):
-        np.frombuffer(buffer, dtype=value.dtype, count=value.size, offset=offset)[:] = value.reshape(-1)
-    return ArrayRecord({PACKED_KEY: Array(dtype="uint8", shape=(end,), stype=PACKED_STYPE, data=bytes(buffer))})
+        parts += [bytes(offset - at), memoryview(value.reshape(-1).view(np.uint8))]
+        at = offset + value.nbytes
+    return ArrayRecord({PACKED_KEY: Array(dtype="uint8", shape=(end,), stype=PACKED_STYPE, data=b"".join(parts))})
 
 
 def _packed_offsets(header_len: int, sizes: list[int]) -> tuple[list[int], int]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.methods.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, SUBSPACE
-from fedstrategies import server_device
+from fedstrategies import pairwise
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at,
                                        collaboration_graph, complementarity_matrix, graph_diagnostics,
@@ -31,12 +31,6 @@ from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at,
 
 ORTHONORMAL_TOL = 1e-3  # |U^T U - I| a basis may show (float32 rounding is ~1e-7)
 GRAM_BLOCK = 1 << 24  # values per column block of the similarity Gram matrix (64 MB of float32)
-
-
-def is_parameter(key: str) -> bool:
-    """Whether a state-dict entry is a trained parameter (in the similarity vector and the regulariser)
-    rather than a BatchNorm statistic."""
-    return not key.endswith(("running_mean", "running_var", "num_batches_tracked"))
 
 
 class FedSaCStrategy(PersonalizedStrategy):
@@ -61,7 +55,6 @@ class FedSaCStrategy(PersonalizedStrategy):
         self.references: dict = {}
         self.graph_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.num_examples: dict[int, int] = {}
-        self._packed_initial = wire.pack_arrays(self.initial_weights)
 
     def check_model(self, model) -> None:
         """The subspace rank must fit the model's feature width."""
@@ -72,7 +65,9 @@ class FedSaCStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------ messages
     def personal_record(self, pid: int):
         """theta~_i as sent: the aggregated model, or theta(0) before client ``pid`` was first aggregated."""
-        return self.personal.get(pid, self._packed_initial)
+        if pid in self.personal:
+            return self.personal[pid]
+        return self.packed("initial", lambda: wire.pack_arrays(self.initial_weights))
 
     def train_payload(self, pid, server_round):
         payload = {wire.WEIGHTS: self.personal_record(pid)}
@@ -142,28 +137,29 @@ class FedSaCStrategy(PersonalizedStrategy):
         v_j = theta_j - theta(0) (``delta_init``) or theta_j (``params``). The differences are formed
         in column blocks of at most ``GRAM_BLOCK`` values, so the temporary stays small at 1,000
         clients; each block's float32 product ``v @ v.T`` is summed in float64, on the server device
-        (``server_device.GramSum``).
+        (``pairwise.row_gram``).
         """
         n = len(next(iter(stacks.values())))
         width = max(1, GRAM_BLOCK // n)
-        gram = server_device.GramSum(n, capacity=width * n)
         delta = self.hp["sim-vector"] == "delta_init"
-        for key, stacked in stacks.items():
-            if not is_parameter(key):
-                continue
-            flat = stacked.reshape(n, -1)
-            init = server_device.tensor(self.initial_weights[key].reshape(-1)) if delta else None
-            for start in range(0, flat.shape[1], width):
-                gram.add(flat[:, start:start + width], minus=None if init is None else init[start:start + width])
-        return gram.result()
+
+        def blocks():
+            for key, stacked in stacks.items():
+                if pairwise.is_parameter(key):
+                    flat = stacked.reshape(n, -1)
+                    init = self.initial_weights[key].reshape(-1) if delta else None
+                    for start in range(0, flat.shape[1], width):
+                        yield flat[:, start:start + width], None if init is None else init[start:start + width]
+
+        return pairwise.row_gram(blocks(), n, capacity=width * n)
 
     def authors_references(self, graph: np.ndarray, stacks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """c_i = sum_j W_ij theta_j / |theta_j| for every parameter tensor (the authors' regulariser)."""
         n = len(graph)
         sq = sum(np.einsum("ij,ij->i", s.reshape(n, -1), s.reshape(n, -1), dtype=np.float64)
-                 for k, s in stacks.items() if is_parameter(k))
+                 for k, s in stacks.items() if pairwise.is_parameter(k))
         scaled = graph / np.sqrt(np.maximum(sq, 1e-30))[None, :]
-        return {key: aggregate_by_graph(scaled, s) for key, s in stacks.items() if is_parameter(key)}
+        return {key: aggregate_by_graph(scaled, s) for key, s in stacks.items() if pairwise.is_parameter(key)}
 
     @staticmethod
     def store(pids: list[int], into: dict, tensors: dict[str, np.ndarray]) -> None:
@@ -202,4 +198,3 @@ class FedSaCStrategy(PersonalizedStrategy):
             pids = list(self.clients)
             self.graph_rows = {pids[i]: (np.asarray(pids, dtype=np.int64)[np.flatnonzero(row)], row[row != 0])
                                for i, row in enumerate(np.asarray(dense)) if row.any()}
-        self._packed_initial = wire.pack_arrays(self.initial_weights)

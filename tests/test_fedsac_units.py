@@ -25,7 +25,8 @@ from fedcore.methods.fedsac import (AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCA
 from fedcore.models import ModelFacts, seeded_model
 from fedstrategies import fedsac as fedsac_module
 from fedstrategies.base import ClientReply
-from fedstrategies.fedsac import FedSaCStrategy, is_parameter
+from fedstrategies.fedsac import FedSaCStrategy
+from fedstrategies.pairwise import is_parameter
 from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at, collaboration_graph, column_cosines,
                                        complementarity_matrix, graph_diagnostics, greedy_column_angles, principal_angles,
                                        project_rows_to_simplex, qp_objective, qp_targets, similarity_matrix,
@@ -623,7 +624,9 @@ def test_messages_carry_theta0_then_the_mixed_model_and_the_regulariser_mode():
         assert strategy.evaluate_payload(pid, 2)[wire.WEIGHTS] is strategy.personal[pid]
         assert strategy.train_config(pid, 2) == {REGULARISER: "paper"}
     assert strategy.train_config(1, 2) == {REGULARISER: "off"}
-    assert strategy.personal_record(1) is strategy._packed_initial
+    theta0 = strategy.personal_record(1)  # theta(0), one record packed once
+    assert theta0 is strategy.personal_record(1) and all(
+        np.array_equal(v, strategy.initial_weights[k]) for k, v in wire.unpack_arrays(theta0).items())
     assert strategy.references == {}  # the paper's regulariser needs no reference
 
 
