@@ -49,14 +49,14 @@ run: $(STAMP)
 # the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each, on the CPU
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --device cpu tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --device cpu tests
 
 # the same fast suite on CUDA: every run config, model and test tensor on the GPU (--device cuda); it stops
 # at once with "CUDA is not available" on a machine without one. GPU_TEST_WORKERS: processes sharing the GPU
 GPU_TEST_WORKERS ?= 4
 .PHONY: test-gpu
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(GPU_TEST_WORKERS) --device cuda tests
+	$(BIN)/python -m pytest -q -n $(GPU_TEST_WORKERS) --dist loadgroup --device cuda tests
 
 bench: $(STAMP)
 	$(BIN)/python -m runner.compare $(PRESET)

@@ -103,7 +103,8 @@ def check_structure(model, input_shape, num_classes: int, spec: str, whole: torc
             try:
                 h = model.body(x)
             except Exception as err:
-                raise ModelError(f"model {spec!r}: its body fails on a batch of shape {tuple(x.shape)}: {err}") from None
+                raise ModelError(f"model {spec!r}: its body fails on a batch of shape {tuple(x.shape)}: "
+                                 f"{err}") from None
             if h.dim() != 2:
                 raise ModelError(f"model {spec!r}: the body gives features of shape {tuple(h.shape)} for a batch of "
                                  f"{len(x)}; the head's input must be the body's output, a (batch, features) matrix "

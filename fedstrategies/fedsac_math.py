@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import entr  # server code only: loaded with the strategy, not inside its first round
 
-from fedstrategies import server_device
+from fedstrategies import pairwise
 
 
 
@@ -231,7 +231,7 @@ def aggregate_by_graph(graph: np.ndarray, stacked: np.ndarray) -> np.ndarray:
     counters) are rounded back."""
     flat = stacked.reshape(len(stacked), -1)
     if flat.dtype.kind == "f":
-        out = server_device.matmul(graph.astype(flat.dtype), flat)
+        out = pairwise.product(graph.astype(flat.dtype), flat)
     else:
         out = np.rint(graph @ flat.astype(np.float64)).astype(flat.dtype)
     return out.reshape(stacked.shape)

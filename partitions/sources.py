@@ -55,7 +55,8 @@ def is_source(name: str) -> bool:
 def parse(name: str) -> tuple[str, str]:
     """``'folder:/data/x'`` -> ("folder", "/data/x"); SourceError for anything else."""
     if not is_source(name):
-        raise SourceError(f"dataset {name!r} is not a source; write one of " + ", ".join(f"'{k}:<path>'" for k in KINDS))
+        raise SourceError(f"dataset {name!r} is not a source; write one of "
+                          + ", ".join(f"'{k}:<path>'" for k in KINDS))
     kind, _, location = name.partition(":")
     return kind, location
 
@@ -268,7 +269,11 @@ def _hf_splits(path: str | None, location: str):
     import datasets
 
     if path is None:
-        loaded = datasets.load_dataset(location)
+        try:
+            loaded = datasets.load_dataset(location)
+        except (ConnectionError, FileNotFoundError) as err:  # offline without a cached copy, or no such dataset
+            raise SourceError(f"hf source {location!r} is no local path and cannot be loaded from the hub: {err}; "
+                              f"give a save_to_disk folder or parquet files (hf:<path>)") from None
     elif os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in
                                      ("dataset_dict.json", "dataset_info.json", "state.json")):
         loaded = datasets.load_from_disk(path)
@@ -368,15 +373,14 @@ def _load(name: str, stamp: str, options: tuple, normalize: str) -> Dataset:
     opts = dict(options)
     path = _local(kind, location)
     describe(name)
-    reader = {"folder": _read_folder, "npz": _read_npz, "csv": _read_csv}.get(kind)
-    if kind == "py":
-        x, raw_y, raw_groups, pixels = _read_py(location, opts)
-    else:
-        x, raw_y, raw_groups, pixels = reader(path, opts) if reader else _read_hf(path, location, opts)
-    if kind in ("folder", "npz", "py") and (opts["x-column"] or opts["label-column"]):
-        raise SourceError(f"dataset {name!r}: 'source.x-column' and 'source.label-column' are for csv and hf sources")
+    if kind in ("folder", "npz", "py") and (opts["x-column"] or opts["label-column"] or opts["group-column"]):
+        raise SourceError(f"dataset {name!r}: 'source.x-column', 'source.label-column' and 'source.group-column' are "
+                          f"for csv and hf sources")
     if kind != "hf" and opts["splits"]:
         raise SourceError(f"dataset {name!r}: 'source.splits' is for hf sources")
+    readers = {"folder": _read_folder, "npz": _read_npz, "csv": _read_csv,
+               "py": lambda _, o: _read_py(location, o), "hf": lambda p, o: _read_hf(p, location, o)}
+    x, raw_y, raw_groups, pixels = readers[kind](path, opts)
     where = f"dataset {name!r}"
     if x.dtype.kind not in "iufb":
         raise SourceError(f"{where}: inputs of type {x.dtype} are not numbers")

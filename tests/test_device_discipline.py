@@ -20,6 +20,7 @@ CARRIERS = {"device", "small_config", "inprocess", "test_device", "run_inprocess
 # modules that build on the CPU on purpose, and why (a new entry needs as good a reason)
 CPU_ON_PURPOSE = {
     "test_launch.py": "its configs are refused before any process starts",
+    "test_client_count.py": "its client counts are refused before any process starts",
     "test_deploy_smoke.py": "the deployment smoke (root, docker, namespaces) runs CPU SuperNodes",
     "test_deployment_units.py": "partition loading for deployed nodes: data splits, no model",
     "test_paper_settings.py": "parameter counts of the papers' models",

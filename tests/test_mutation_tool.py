@@ -85,3 +85,46 @@ def test_the_stale_reports_are_the_ones_tests_mutation_says_are_known_stale():
     assert all(why.strip() for why in known.values()), "every known-stale report needs its reason"
     assert sorted(stale) == sorted(known), (
         f"stale now: {stale}; known-stale in tests/mutation/known-stale.toml: {sorted(known)}")
+
+
+SOURCE = '''RULE = 1
+
+
+def rule(x):
+    def helper(y):
+        return y
+    return helper(x) > RULE
+
+
+class Writer:
+    def write(self,
+              rows):
+        """Docstring."""
+        return rows
+
+    def plot(self):
+        return None
+
+
+def plot(a):
+    return a
+'''
+
+
+def test_a_target_leaves_out_the_functions_it_skips_or_all_but_the_ones_it_names(tmp_path):
+    from tools.mutation import NO_MUTATE, Target, mark_left_out
+
+    def marked(target):
+        path = tmp_path / "m.py"
+        path.write_text(SOURCE)
+        names = mark_left_out(path, target)
+        text = path.read_text()
+        assert text.replace(NO_MUTATE, "") == SOURCE  # only the marks are added
+        return names, [line.strip() for line in text.splitlines() if line.endswith(NO_MUTATE)]
+
+    assert marked(Target(("m.py",), ("t.py",))) == ([], [])
+    names, lines = marked(Target(("m.py",), ("t.py",), skip=("plot", "helper")))
+    assert sorted(names) == ["plot", "plot"] and lines == [f"def plot(self):{NO_MUTATE}", f"def plot(a):{NO_MUTATE}"]
+    names, lines = marked(Target(("m.py",), ("t.py",), only=("rule",)))
+    assert sorted(names) == ["plot", "plot", "write"]  # helper, nested in rule, is mutated with it
+    assert lines[0] == f"rows):{NO_MUTATE}"  # a header over two lines is marked after its colon

@@ -193,6 +193,15 @@ def test_a_missing_path_is_refused_by_the_start_check(tmp_path):
         check_data(cfg)
 
 
+def test_a_hub_id_that_cannot_be_loaded_is_refused_before_the_federation(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as in every test: no download, whatever the machine
+    cfg = Config.from_run_config({"dataset": "hf:nobody-pfl/no-such-dataset", "partition": "iid"})
+    assert check_data(cfg) == "the hub (nobody-pfl/no-such-dataset)"
+    with pytest.raises(ConfigError, match="'nobody-pfl/no-such-dataset' is no local path and cannot be loaded from "
+                                          "the hub: .*save_to_disk folder or parquet files"):
+        check_partition(cfg, 3)
+
+
 def test_source_options_without_a_source_are_refused():
     with pytest.raises(ConfigError, match="'source.label-column' = 'kind' is set, but dataset is 'digits'"):
         Config.from_run_config({"dataset": "digits", "source.label-column": "kind"})
@@ -225,7 +234,8 @@ def test_partition_cache_file_names_hold_no_path(tmp_path, monkeypatch):
     path = write_csv(tmp_path / "t.csv")
     cfg = Config.from_run_config({"dataset": f"csv:{path}", "partition": "iid", "model": "dnn"})
     file = partition_cache.cache_path(cfg.data_key(3), 0)
-    assert file.parent == tmp_path / "cache" and "/" not in file.name and file.name.endswith("t.csv-0-" + file.name[-28:])
+    assert file.parent == tmp_path / "cache" and "/" not in file.name
+    assert file.name.endswith("t.csv-0-" + file.name[-28:])  # the file's name, the client, a 24-digit hash
     write_csv(path, n=90)
     assert partition_cache.cache_path(cfg.data_key(3), 0) != file  # new files, new cache entry
 
@@ -281,3 +291,28 @@ def test_data_card_counts_every_split(tmp_path):
     ds = load(f"csv:{write_csv(tmp_path / 't.csv')}")
     splits = build_splits(ds, "iid", 3, 0, {"val-fraction": 0.2})
     assert data_card(ds, splits, "iid").endswith("3 clients, samples per client min 20 / median 20 / max 20")
+
+
+def test_data_made_in_python(tmp_path, monkeypatch):
+    (tmp_path / "mydata_py_source.py").write_text(
+        "import numpy as np\n"
+        "def make():\n"
+        "    return np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20) % 2, np.arange(20) // 5\n"
+        "def wrong():\n    return [1, 2]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ds = load("py:mydata_py_source:make")
+    assert ds.x.shape == (20, 2) and ds.num_classes == 2 and len(np.unique(ds.groups)) == 4
+    with pytest.raises(SourceError, match=r"returned list; return \(x, y\) or \(x, y, groups\)"):
+        load("py:mydata_py_source:wrong")
+    with pytest.raises(SourceError, match="has no callable 'absent'"):
+        load("py:mydata_py_source:absent")
+    with pytest.raises(ConfigError, match="module 'no_such_module_x' cannot be found"):
+        check_data(Config.from_run_config({"dataset": "py:no_such_module_x:make"}))
+
+
+def test_column_options_of_another_kind_are_refused(tmp_path):
+    root = png_folder(tmp_path / "imgs", classes=2, per_class=3)
+    with pytest.raises(SourceError, match="are for csv and hf sources"):
+        load(f"folder:{root}", **{"label-column": "kind"})
+    with pytest.raises(SourceError, match="'source.splits' is for hf sources"):
+        load(f"folder:{root}", splits="train")

@@ -10,6 +10,7 @@ import torch
 
 from fedcore.config import USER_MODEL, Config, ConfigError, check_model
 from fedcore.models import SplitModel, build_model, seeded_model
+from fedcore.registry import REGISTRY
 from fedcore.user_models import SPEC, ModelError, check_on_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -169,3 +170,13 @@ def test_two_rounds_with_a_user_model(factories, inprocess):
 
     head = {wire.unpack_arrays(ctx.state.array_records["model"])["head.weight"].shape for ctx in grid.contexts.values()}
     assert head == {(10, 12)}  # each client's personal head is the factory's
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("method", sorted(REGISTRY))
+def test_every_method_trains_a_user_model(factories, inprocess, method):
+    """One module, its last Linear the head: every method runs two rounds with it (MuPFL without BAVD, which
+    needs conv feature maps the model does not mark)."""
+    extra = {"mupfl.bavd": False} if method == "mupfl" else {}
+    summary, _ = inprocess(3, method=method, model=f"{factories}:whole", partition="iid", **extra)
+    assert summary["rounds"] == 2 and summary["dropped_replies"] == 0 and 0 <= summary["final_acc"] <= 1

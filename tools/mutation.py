@@ -13,6 +13,7 @@ Each report records its modules' content hash; ``--stale`` lists the reports who
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -40,6 +41,20 @@ class Target:
 
     modules: tuple[str, ...]
     tests: tuple[str, ...]
+    skip: tuple[str, ...] = ()  # functions of the modules left unmutated (drawing, display), named in the report
+    only: tuple[str, ...] = ()  # where set, the only functions mutated (the module-level lines too), in the report
+
+    def left_out(self, source: str) -> dict[int, str]:
+        """``def`` line -> name of each function or method of ``source`` left unmutated (``skip``, or not in
+        ``only``); functions nested in another are judged with it."""
+        tree = ast.parse(source)
+        found = {}
+        for parent in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))]:
+            for node in parent.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                        node.name in self.skip or (self.only and node.name not in self.only)):
+                    found[node.lineno] = node.name
+        return found
 
 
 TARGETS: dict[str, Target] = {
@@ -80,6 +95,40 @@ TARGETS: dict[str, Target] = {
                     ("tests/test_provenance.py::test_the_paired_t_interval_matches_a_hand_computation",
                      "tests/test_provenance.py::test_sample_std_and_its_conversion_from_a_population_std",
                      "tests/test_stats_rules.py")),
+    "replies": Target(("fedstrategies/replies.py",), ("tests/test_replies_rules.py",)),
+    "results": Target(("server_app/results.py",),
+                      ("tests/test_results_rules.py",
+                       "tests/test_validation.py::test_the_best_validation_round_and_the_test_accuracy_there"),
+                      skip=("_plot", "plot_accuracy", "plot_method_metrics", "plot_round_matrices", "_num",
+                            "format_summary")),
+    "provenance": Target(("runner/provenance.py", "runner/run_data.py"), ("tests/test_provenance_rules.py",)),
+    # the tuning rule: which setting is chosen, when the default is kept, and what the choice is judged on
+    "tune": Target(("benchmarks/tune.py",),
+                   ("tests/test_tune.py::test_the_choice_is_the_best_validation_accuracy_first_of_equals_and_ignores_failed_runs",
+                    "tests/test_tune.py::test_noise_is_the_standard_error_of_a_difference_of_two_binomial_accuracies",
+                    "tests/test_tune.py::test_the_default_stays_unless_a_setting_beats_it_by_more_than_noise",
+                    "tests/test_tune.py::test_rechoose_applies_the_rule_to_a_family_files_numbers_and_runs_nothing",
+                    "tests/test_tune.py::test_a_preset_without_a_validation_split_is_refused",
+                    "tests/test_tune.py::test_budget_is_half_the_rounds_and_the_family_is_dataset_and_partition"),
+                   only=("choose", "noise", "default_setting", "check_validation", "tuning_budget", "tuned_path",
+                         "rechoose", "validation_samples")),
+    # which samples each client trains, validates and tests on (the schemes, the split file and its checks)
+    "partitioners": Target(("partitions/partitioners.py",),
+                           ("tests/test_partitions.py",
+                            "--deselect=tests/test_partitions.py::test_determinism_across_processes",
+                            "--deselect=tests/test_partitions.py::test_label_counts_and_heatmap",
+                            "tests/test_validation.py::test_validation_comes_from_the_training_pool_and_leaves_train_and_test_disjoint",
+                            "tests/test_validation.py::test_the_split_repeats_for_a_seed_and_differs_for_another",
+                            "tests/test_validation.py::test_a_split_file_keeps_validation_in_its_training_lists",
+                            "tests/test_validation.py::test_a_val_fraction_outside_0_1_is_refused",
+                            "tests/test_validation.py::test_a_val_fraction_that_leaves_a_client_no_training_sample_is_refused"),
+                           skip=("plot_label_heatmap",)),
+    "checkpoints": Target(("server_app/checkpoints.py",),
+                          ("tests/test_checkpoints.py::test_the_tree_holds_every_known_type_exactly",
+                           "tests/test_checkpoints.py::test_a_value_of_an_unknown_type_is_refused_when_saving",
+                           "tests/test_checkpoints.py::test_broken_files_are_refused_with_the_file_and_reason",
+                           "tests/test_checkpoints.py::test_latest_skips_refused_files_to_the_previous_good_one",
+                           "tests/test_checkpoints_rules.py")),
 }
 
 # Verdicts of mutmut 3 (`mutmut results --all true`) that count as a test catching the mutant.
@@ -98,6 +147,26 @@ def _copy_project(dest: Path) -> None:
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
+
+
+NO_MUTATE = "  # pragma: no mutate block"  # after a def's colon: mutmut leaves the whole function unmutated
+
+
+def mark_left_out(path: Path, target: Target) -> list[str]:
+    """Mark, in the mutation copy's ``path``, the functions ``target`` leaves unmutated; returns their names."""
+    source = path.read_text()
+    lines = source.splitlines(keepends=True)
+    tree = ast.parse(source)
+    nodes = {n.lineno: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names = []
+    for lineno, name in target.left_out(source).items():
+        colon = nodes[lineno].body[0].lineno - 2  # the line before the body's first statement ends the header
+        while not lines[colon].rstrip().endswith(":"):
+            colon -= 1
+        lines[colon] = lines[colon].rstrip("\n").rstrip() + NO_MUTATE + "\n"
+        names.append(name)
+    path.write_text("".join(lines))
+    return names
 
 
 def _mutmut_config(target: Target, workers: int) -> str:
@@ -133,6 +202,8 @@ def run(method: str, workers: int, fresh: bool, survivors: bool = False) -> floa
             if (ROOT / name).is_file():
                 (work / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / name, work / name)
+    for module in target.modules:
+        mark_left_out(work / module, target)
     pyproject = work / "pyproject.toml"
     pyproject.write_text((ROOT / "pyproject.toml").read_text() + _mutmut_config(target, workers))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
@@ -256,7 +327,11 @@ def write_report(method: str, verdicts: dict[str, str]) -> float:
         "",
         f"Made by `make mutation METHOD={method}` (`python -m tools.mutation {method}`, mutmut 3) at commit "
         f"`{commit}`. Mutated: {', '.join(f'`{m}`' for m in target.modules)}. Tests run against each mutant: "
-        f"{', '.join(f'`{t}`' for t in target.tests)}.",
+        f"{', '.join(f'`{t}`' for t in target.tests)}."
+        + (f" Left unmutated (drawing and display only): {', '.join(f'`{f}`' for f in target.skip)}."
+           if target.skip else "")
+        + (f" Only these functions (and the modules' top-level lines) are mutated: "
+           f"{', '.join(f'`{f}`' for f in target.only)}." if target.only else ""),
         "",
         f"Modules' content hash: `{modules_hash(target.modules)}` (`python -m tools.mutation --stale` lists the "
         "reports whose modules changed since).",
