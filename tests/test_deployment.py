@@ -1,9 +1,10 @@
 """Real deployments on loopback: flower-superlink + 2 SuperNodes + `flwr run`, judged by `flwr ls`.
 
-The default run has two: FedAvg (weights) without TLS, and FedProto (class features) with TLS and
-SuperNode authentication, where an unregistered SuperNode and one trusting another CA are refused
-first. The churn case (a SuperNode leaves mid-run and comes back as a new node) is ``long``:
-``pytest -m deploy`` runs it too.
+Two deployments: FedAvg (weights) without TLS, and FedProto (class features) with TLS and SuperNode
+authentication, where an unregistered SuperNode and one trusting another CA are refused first; and the churn
+case (a SuperNode leaves mid-run and comes back as a new node). Each is ``long`` (the TLS one alone was about
+40 s of CPU, a quarter of ``make test``'s budget): ``make test-long`` and ``make test-deploy`` run them, and
+``make test-deploy-smoke`` (CI) deploys with TLS and SuperNode authentication on its own.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def test_the_fast_runtime_deploys_with_stock_flowers_results(tmp_path):
     assert rows["fast"] == rows["flower"]
 
 
+@pytest.mark.long  # SuperLink, 4 SuperNodes, flwr CLI calls: about 40 s of CPU; make test-long / test-deploy
 def test_fedproto_deploys_with_tls_and_supernode_auth_refusing_strangers(tmp_path):
     """TLS + --enable-supernode-auth: a SuperNode whose key is not registered is refused, one that
     trusts another CA cannot connect, the registered two run FedProto to the end, and no private
