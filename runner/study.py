@@ -23,7 +23,7 @@ Study file (TOML, in conf/)::
     cap = 25                          # max-train-samples; 0 = no cap
     presets = ["study-fmnist-cap25.toml"]
 
-    python -m runner.study conf/study-data-size.toml
+    python -m runner.study conf/study/data-size.toml     (or python -m runner.compare conf/study/data-size.toml)
 """
 
 from __future__ import annotations
@@ -226,14 +226,18 @@ def _fraction(d: dict | None) -> dict | None:
     return None if d is None else {k: v / 100 if isinstance(v, float) else v for k, v in d.items()}
 
 
-def build(study_path: Path, app_dir: Path, argv: list[str] | None = None) -> Path:
+def build(study_path: Path, app_dir: Path, argv: list[str] | None = None, allow_dirty: bool = False) -> Path:
+    """Write the study's table, CSV and figures; under docs/ only from committed code unless ``allow_dirty`` (as the
+    tables: ``provenance.guard``)."""
     from runner import figures
 
     study = load_study(study_path)
+    dirty = provenance.guard(app_dir / study["study"]["output"], allow_dirty)
     points = sorted((read_point(p, study, study_path.parent, app_dir) for p in study["point"]),
                     key=lambda p: p.samples)
     out = app_dir / study["study"]["output"]
-    made = provenance.made_by("runner.study", argv)
+    made = provenance.made_by("runner.study", argv) + (
+        "\n\n**Made from a tree with uncommitted changes (`--allow-dirty`): not from committed code.**" if dirty else "")
     out.mkdir(parents=True, exist_ok=True)
     rows = rows_csv(points, study)
     with open(out / "study.csv", "w", newline="") as f:
@@ -250,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study", type=Path)
     parser.add_argument("--app", type=Path, default=Path("."))
+    parser.add_argument("--allow-dirty", action="store_true", help="write a docs/ study from uncommitted code (to try "
+                        "things: the table says so in bold)")
     args = parser.parse_args(argv)
-    out = build(args.study, args.app.resolve(), argv)
+    out = build(args.study, args.app.resolve(), argv, args.allow_dirty)
     print(f"wrote {out / 'table.md'}, {out / 'study.csv'}, {out / 'accuracy.png'}, {out / 'gains.png'}", flush=True)
     return 0
 

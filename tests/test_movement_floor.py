@@ -41,3 +41,13 @@ def test_the_notes_compare_each_round_with_the_floor_plus_its_computations_alone
     assert "- fedamp: 2.0x (wall), 2.0x (CPU) (with its computations alone)" in notes
     assert not any(n.startswith(("- matrix", "- data", "- fedamp (")) for n in notes)
     assert server_time._movement_notes(rows[:3], [10, 1000]) == []  # no floor row: no notes
+
+
+def test_a_record_written_piece_by_piece_is_the_packed_record_of_its_arrays():
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "n": np.array(7, np.int64),
+              "b": np.array([True, False]), "e": np.zeros((0, 2), np.float64), "big": np.arange(3, dtype=">i4")}
+    buffer, views = wire.empty_packed({k: (v.dtype, v.shape) for k, v in arrays.items()})
+    for key, value in arrays.items():
+        assert views[key].flags.writeable and views[key].shape == value.shape
+        views[key][...] = value
+    assert wire.packed_record(buffer)[wire.PACKED_KEY].data == wire.pack_arrays(arrays)[wire.PACKED_KEY].data

@@ -109,3 +109,18 @@ def test_a_point_whose_preset_has_another_cap_is_refused(tmp_path):
                     'presets = ["cap20.toml"]\n')
     with pytest.raises(SystemExit, match="max-train-samples is 20, but the study's point says 40"):
         study.build(path, tmp_path)
+
+
+def test_runner_compare_builds_a_study_file_and_runs_nothing(tmp_path, capsys):
+    from runner.compare import main
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    _preset(conf, "cap20", ["local", "fedfcd"], 20)
+    path = conf / "s.toml"
+    path.write_text('[study]\noutput = "o"\nreference = "local"\npaper = ["fedfcd"]\nrows = ["local", "fedfcd"]\n\n'
+                    '[[point]]\ncap = 20\npresets = ["cap20.toml"]\n')
+    assert main([str(path), "--app", str(tmp_path)]) == 0
+    table = (tmp_path / "o" / "table.md").read_text()
+    assert "| local | - |" in table and "(no runs of it or of local at cap 20)" in table
+    assert not (tmp_path / "out").exists()  # the preset's own output: nothing ran
