@@ -154,8 +154,6 @@ def pytest_configure(config):
         from fedcore import determinism
 
         determinism.apply(True, "cuda")  # the tests' own computations too: deterministic kernels, no TF32
-    # pytest-xdist's own mark, named here too for the runs without xdist (-p no:xdist, as tools.mutation runs)
-    config.addinivalue_line("markers", "xdist_group(name): one worker runs every test of the group (--dist loadgroup)")
     config.addinivalue_line("markers", f"{SMOKE_MARK}: the deployment smoke of `make test-deploy-smoke` (root, "
                                        "docker, namespaces; minutes); runs only when -m names it")
 

@@ -52,10 +52,6 @@ def _difference(a, b, where: str = "state") -> str | None:
     return None if same else f"{where}: {a!r} came back as {b!r}"
 
 
-# one worker takes the module, so its module fixture runs once (make test: pytest-xdist --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("checkpoints")
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """Every method (and the toy method, which uses every extension point) run for 2 rounds on 2

@@ -315,10 +315,6 @@ def test_lambda_zero_makes_body_and_head_independent_of_the_global_features(tmp_
     assert not _same(model_c, model_d)  # with the regulariser on, G moves the body
 
 
-# one worker takes the module, so its module fixture runs once (make test: pytest-xdist --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("pfedpm")
-
-
 @pytest.fixture(scope="module")
 def spied(tmp_path_factory) -> dict:
     """pFedPM's 3-round run of 3 clients, plain and with heterogeneous clients (pFedPM-mh), each run once for the

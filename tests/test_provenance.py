@@ -120,10 +120,6 @@ def _preset(out: Path, methods=("fedavg", "local"), seeds=(0, 1)) -> dict:
                            "device": test_device()}}
 
 
-# one worker takes the module, so its module fixture runs once (make test: pytest-xdist --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("provenance")
-
-
 @pytest.fixture(scope="module")
 def made_once(tmp_path_factory):
     """The default comparison (fedavg and local, seeds 0 and 1) and fedavg seed 0 alone, each run once for the

@@ -26,10 +26,6 @@ ROUNDS, EVERY = 3, 2
 WANDB = "" if importlib.util.find_spec("wandb") else "the [wandb] extra is not installed (no module named 'wandb')"
 
 
-# one worker takes the module, so its module fixture runs once (make test: pytest-xdist --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("tracking")
-
-
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
     """FedSaC, 3 clients, 3 rounds, with a validation split: every tracker there is, one run."""
