@@ -51,3 +51,17 @@ def test_a_record_written_piece_by_piece_is_the_packed_record_of_its_arrays():
         assert views[key].flags.writeable and views[key].shape == value.shape
         views[key][...] = value
     assert wire.packed_record(buffer)[wire.PACKED_KEY].data == wire.pack_arrays(arrays)[wire.PACKED_KEY].data
+
+
+@pytest.mark.parametrize("method, what", [("fedavg", "weighted sum"), ("fedsac", "Gram + mixing products"),
+                                          ("pfedgraph", "Gram + mixing products")])
+def test_the_products_of_fedavg_fedsac_and_pfedgraph_are_timed_alone_on_the_rounds_replies(method, what):
+    row = server_time.measure(method, 3, {})
+    (alone,) = row["alone"]
+    assert alone["what"] == what and alone["s"] > 0 and alone["cpu_s"] >= 0
+    from fedcore.models import model_facts
+    from fedstrategies.pairwise import parameter_keys
+
+    weights = model_facts("cnn", (1, 28, 28), 10, 0).initial_weights
+    d = sum(np.asarray(weights[k]).size for k in parameter_keys(weights))
+    assert alone["mb"] == pytest.approx(3 * d * 4 / 2**20)  # the three replies' models, stacked in float32
