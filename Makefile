@@ -46,17 +46,19 @@ data:
 run: $(STAMP)
 	$(BIN)/python -m runner.launch --supernodes $(CLIENTS) --run-config "$(RUN_CONFIG)"
 
-# the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each, on the CPU
+# the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each, on the CPU; each
+# test file goes whole to one worker (--dist loadfile), so a module's shared fixture (one run read by several
+# tests) is made once, not once per worker
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --device cpu tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --device cpu tests
 
 # the same fast suite on CUDA: every run config, model and test tensor on the GPU (--device cuda); it stops
 # at once with "CUDA is not available" on a machine without one. GPU_TEST_WORKERS: processes sharing the GPU
 GPU_TEST_WORKERS ?= 4
 .PHONY: test-gpu
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(GPU_TEST_WORKERS) --device cuda tests
+	$(BIN)/python -m pytest -q -n $(GPU_TEST_WORKERS) --dist loadfile --device cuda tests
 
 bench: $(STAMP)
 	$(BIN)/python -m runner.compare $(PRESET)

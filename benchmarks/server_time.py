@@ -26,8 +26,9 @@ has always had); every row records the device (and the GPU's name). Each client 
 Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder. Where a method's round has
 computations no implementation of its rule can avoid, they are timed alone on the same round's data and get rows
 of their own, "method (what alone)", with the round's ratio to them under the table (``UNAVOIDABLE``): MuPFL's
-pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's and HeurFedAMP's two m x m x d matrix
-products (the pairwise Gram matrix of the round's models and the mixing W @ Theta).
+pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's, HeurFedAMP's, FedSaC's and pFedGraph's
+two m x m x d matrix products (the pairwise Gram matrix of the round's models and the mixing W @ Theta); FedAvg's
+weighted sum of the round's models.
 """
 
 from __future__ import annotations
@@ -219,17 +220,47 @@ def fedamp_products_alone(strategy, messages, server_round: int, repeats: int = 
     makes, the Gram matrix Theta Theta^T (pairwise distances or cosines) and the mixing W @ Theta, on the models
     the server holds for the round's clients, stacked and put on the server device before the clock starts
     (median of ``repeats``)."""
+    return _gram_and_mixing_alone([strategy.model_of(pid) for pid in strategy.sample_train(server_round)], repeats)
+
+
+def replies_products_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """FedSaC / pFedGraph: the same two products (the Gram matrix of the round's models and the mixing W @ Theta)
+    over the models of the round's train replies, stacked before the clock starts."""
+    from fedcore import wire
+
+    return _gram_and_mixing_alone([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages], repeats)
+
+
+def _stacked(states) -> np.ndarray:
+    """The float32 parameters of ``states`` stacked, one row per model."""
     from fedstrategies.pairwise import parameter_keys
 
-    states = [strategy.model_of(pid) for pid in strategy.sample_train(server_round)]
     keys = parameter_keys(states[0])
-    theta = np.stack([np.concatenate([np.asarray(s[k], np.float32).reshape(-1) for k in keys]) for s in states])
-    mixing = np.full((len(states), len(states)), 1.0 / len(states), np.float32)
+    return np.stack([np.concatenate([np.asarray(s[k], np.float32).reshape(-1) for k in keys]) for s in states])
+
+
+def _gram_and_mixing_alone(states, repeats: int) -> list[dict]:
+    """Theta Theta^T and W @ Theta (full float32 products) over the stacked ``states`` on the server device."""
     from fedstrategies import server_device
 
+    theta = _stacked(states)
+    mixing = np.full((len(states), len(states)), 1.0 / len(states), np.float32)
     on_device, mixing = server_device.put(theta), server_device.put(mixing)  # the round's device, before the clock
     wall, cpu = _timed(lambda: _synced(on_device @ on_device.T, mixing @ on_device), repeats)
     return [{"what": "Gram + mixing products", "s": wall, "cpu_s": cpu, "mb": theta.nbytes / 2**20}]
+
+
+def weighted_sum_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """FedAvg: the one product its rule makes, the sample-weighted sum of the round's m models (a 1 x m by m x d
+    float32 product over the replies' models, stacked before the clock starts)."""
+    from fedcore import wire
+    from fedstrategies import server_device
+
+    theta = _stacked([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages])
+    weights = server_device.put(np.full((1, len(theta)), 1.0 / len(theta), np.float32))
+    on_device = server_device.put(theta)
+    wall, cpu = _timed(lambda: _synced(weights @ on_device), repeats)
+    return [{"what": "weighted sum", "s": wall, "cpu_s": cpu, "mb": theta.nbytes / 2**20}]
 
 
 def product_floor(n: int, extra: dict, repeats: int = 5) -> dict:
@@ -291,7 +322,8 @@ def movement_floor(n: int, repeats: int = 3) -> dict:
             "prepare_s": 0.0, "peak_growth_mb": size / 2**20, "device": "cpu (host memory)"}
 
 
-UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone}
+UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone,
+               "fedsac": replies_products_alone, "pfedgraph": replies_products_alone, "fedavg": weighted_sum_alone}
 ALONE = re.compile(r"^(?P<method>\S+) \((?P<what>.+) alone\)$")
 
 
@@ -312,8 +344,9 @@ def _alone_notes(rows: list[dict], counts: list[int]) -> list[str]:
         notes = ["", "X alone: a computation no implementation of the method's rule can avoid, timed alone by the "
                  "benchmark on the same round's data (median of 3-5 calls; MuPFL's cosine matrix: the Gram "
                  "products of the stacked float32 updates and activation maps of the round's sampled clients and "
-                 "their normalisation; PKCF matching: match-steps steps on the federated features; FedAMP's "
-                 "products: Theta Theta^T and W @ Theta over the round's models); its MB column is the size of the "
+                 "their normalisation; PKCF matching: match-steps steps on the federated features; Gram + mixing "
+                 "products (FedAMP, HeurFedAMP, FedSaC, pFedGraph): Theta Theta^T and W @ Theta over the round's "
+                 "models; FedAvg's weighted sum: w @ Theta); its MB column is the size of the "
                  "stacked matrices.", *notes]
     return notes
 

@@ -112,6 +112,28 @@ def product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
         return left @ right
 
 
+SYMMETRIC_ROWS = 256  # fewer rows: one product (the upper blocks' saving is smaller than their overhead)
+SYMMETRIC_CHUNKS = 4  # row chunks of a symmetric product: (k + 1) / 2k of the full product's flops (5/8; measured ~0.7x)
+
+
+def symmetric_product(a: torch.Tensor) -> torch.Tensor:
+    """a @ a.T computing only the blocks on and above the diagonal (row chunk i against the rows from chunk i on)
+    and copying each one's transpose below it: 5/8 of the full product's flops with 4 chunks (about 0.7x its CPU time at 1,000 rows), the same dot
+    products (each entry is still one row of ``a`` against another over all of its columns), and a result exactly
+    symmetric off the diagonal blocks."""
+    n = a.shape[0]
+    if n < SYMMETRIC_ROWS:
+        return product(a, a.T)
+    out = torch.empty((n, n), dtype=a.dtype, device=a.device)
+    step = -(-n // SYMMETRIC_CHUNKS)
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        out[start:stop, start:] = product(a[start:stop], a[start:].T)
+        with threads_for(0):
+            out[stop:, start:stop] = out[start:stop, stop:].T
+    return out
+
+
 def tensor(array: np.ndarray, dtype=torch.float32) -> torch.Tensor:
     """A small array (a reference vector, a weight matrix) on the server device, as a new tensor."""
     return torch.tensor(np.asarray(array), dtype=dtype, device=current())
@@ -180,7 +202,7 @@ class GramSum:
                 a -= minus
                 if others is not None:
                     b -= minus
-        block = product(a, b.T)
+        block = product(a, b.T) if others is not None else symmetric_product(a)
         with threads_for(0):
             self.out += block.double()
 

@@ -41,3 +41,27 @@ def test_the_notes_compare_each_round_with_the_floor_plus_its_computations_alone
     assert "- fedamp: 2.0x (wall), 2.0x (CPU) (with its computations alone)" in notes
     assert not any(n.startswith(("- matrix", "- data", "- fedamp (")) for n in notes)
     assert server_time._movement_notes(rows[:3], [10, 1000]) == []  # no floor row: no notes
+
+
+def test_a_record_written_piece_by_piece_is_the_packed_record_of_its_arrays():
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "n": np.array(7, np.int64),
+              "b": np.array([True, False]), "e": np.zeros((0, 2), np.float64), "big": np.arange(3, dtype=">i4")}
+    buffer, views = wire.empty_packed({k: (v.dtype, v.shape) for k, v in arrays.items()})
+    for key, value in arrays.items():
+        assert views[key].flags.writeable and views[key].shape == value.shape
+        views[key][...] = value
+    assert wire.packed_record(buffer)[wire.PACKED_KEY].data == wire.pack_arrays(arrays)[wire.PACKED_KEY].data
+
+
+@pytest.mark.parametrize("method, what", [("fedavg", "weighted sum"), ("fedsac", "Gram + mixing products"),
+                                          ("pfedgraph", "Gram + mixing products")])
+def test_the_products_of_fedavg_fedsac_and_pfedgraph_are_timed_alone_on_the_rounds_replies(method, what):
+    row = server_time.measure(method, 3, {})
+    (alone,) = row["alone"]
+    assert alone["what"] == what and alone["s"] > 0 and alone["cpu_s"] >= 0
+    from fedcore.models import model_facts
+    from fedstrategies.pairwise import parameter_keys
+
+    weights = model_facts("cnn", (1, 28, 28), 10, 0).initial_weights
+    d = sum(np.asarray(weights[k]).size for k in parameter_keys(weights))
+    assert alone["mb"] == pytest.approx(3 * d * 4 / 2**20)  # the three replies' models, stacked in float32

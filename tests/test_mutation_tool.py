@@ -128,3 +128,9 @@ def test_a_target_leaves_out_the_functions_it_skips_or_all_but_the_ones_it_names
     names, lines = marked(Target(("m.py",), ("t.py",), only=("rule",)))
     assert sorted(names) == ["plot", "plot", "write"]  # helper, nested in rule, is mutated with it
     assert lines[0] == f"rows):{NO_MUTATE}"  # a header over two lines is marked after its colon
+
+
+def test_the_summary_page_gives_every_targets_report_as_it_stands():
+    from tools.mutation import REPORTS, summary_table
+
+    assert (REPORTS / "README.md").read_text() == summary_table(), "run python -m tools.mutation --summary"

@@ -73,13 +73,13 @@ def test_the_last_ten_mean_is_over_the_last_ten_evaluations():
 
 
 def test_method_columns_get_final_best_last_ten_and_their_value_at_their_best_validation_round():
-    rows = [_row(r, 0.5, eval_rel=r / 10, eval_val_rel=[0.2, 0.9, 0.5, 0.1][r - 1], eval_clients=3, eval_s=1.0,
+    rows = [_row(r, 0.5, eval_rel=r / 10, eval_val_rel=[0.2, 0.9, 0.5, 0.95][r - 1], eval_clients=3, eval_s=1.0,
                  eval_bytes_down=9) for r in range(1, 5)]
     rows[3]["eval_rel"] = NAN  # a round whose method column failed
     got = accuracy_summary(rows, final_round=4)
     assert (got["final_eval_rel"], got["best_eval_rel"]) == (0.3, 0.3)
     assert got["last10_eval_rel"] == pytest.approx(0.2)
-    assert got["eval_rel_at_best_val"] == 0.2  # round 2, best on eval_val_rel
+    assert got["eval_rel_at_best_val"] == 0.2  # round 2, best on eval_val_rel where eval_rel has a value
     assert not any(k.endswith(("eval_clients", "eval_s", "eval_bytes_down")) or "eval_val_rel" in k for k in got)
     only_val = accuracy_summary([_row(1, 0.5, eval_val_x=0.3)], final_round=1)
     assert not any("eval_val_x" in k or "eval_x" in k for k in only_val)
@@ -112,16 +112,22 @@ def test_a_resume_needs_a_named_folder_with_checkpoints(tmp_path):
 
 
 def test_an_unnamed_run_never_takes_an_existing_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr(results, "default_run_name", lambda cfg: "same-second")
     cfg = _cfg(tmp_path)
+    assert run_folder(cfg).name.startswith("fedavg-digits-")
+    monkeypatch.setattr(results, "default_run_name", lambda cfg: "same-second")
     (tmp_path / "same-second").mkdir()
+    assert run_folder(cfg) == tmp_path / "same-second-2"
     (tmp_path / "same-second-2").mkdir()
     assert run_folder(cfg) == tmp_path / "same-second-3"
 
 
-def test_the_default_name_says_method_dataset_partition_and_seed():
+def test_the_default_name_says_method_dataset_partition_seed_and_time_and_holds_no_path():
+    import re
+
     cfg = Config.from_run_config({"method": "fedavg", "dataset": "digits", "seed": 7})
-    assert results.default_run_name(cfg).startswith(f"fedavg-digits-{cfg['partition']}-s7-")
+    assert re.fullmatch(rf"fedavg-digits-{cfg['partition']}-s7-20\d{{6}}-\d{{6}}", results.default_run_name(cfg))
+    source = {"method": "ditto", "dataset": "folder:/data/cats/", "partition": "flwr:dirichlet", "seed": 0}
+    assert re.fullmatch(r"ditto-folder-cats-flwr-dirichlet-s0-\d{8}-\d{6}", results.default_run_name(source))
 
 
 def _read(path):
@@ -182,32 +188,86 @@ def test_overwrite_replaces_the_old_folder_and_a_resume_drops_what_came_after_it
     assert [r["round"] for r in _read(back.dir / "rounds.csv")] == ["1"]
     assert sorted(p.name for p in (back.dir / "round_matrices").glob("*.json")) == ["0001.json"]
     assert not (back.dir / "summary.json").exists() and not (back.dir / "dropped.json").exists()
-    assert back.elapsed() >= 5.0 and back.state()["rounds"] == w.rounds[:1]
+    assert 5.0 <= back.elapsed() < 5.0 + 600 and back.state()["rounds"] == w.rounds[:1]
+    again = ResultsWriter(cfg, folder=w.dir, resume=back.state())  # a writer's own state resumes it
+    assert again.elapsed() >= 5.0 and again.rounds == w.rounds[:1]
     ResultsWriter(_cfg(tmp_path, **{"run-name": "r", "overwrite": True}))
     assert not (w.dir / "round_matrices").exists() and _read(w.dir / "clients.csv") == []
 
 
+def test_a_resumed_run_keeps_its_folder_even_with_overwrite_and_a_fresh_one_makes_its_parents(tmp_path):
+    cfg = _cfg(tmp_path / "new" / "deeper", **{"run-name": "r", "overwrite": True})
+    w = ResultsWriter(cfg)
+    assert w.dir == tmp_path / "new" / "deeper" / "r" and w.elapsed() < 1.0
+    w.add_round(_row(1, 0.5), {"client-pids": [0], "client-acc": [0.5], "client-n": [4]})
+    back = ResultsWriter(cfg, folder=w.dir, resume=w.state())
+    assert [r["round"] for r in _read(back.dir / "clients.csv")] == ["1"]
+
+
+def test_a_resume_from_before_any_round_drops_every_row_and_a_run_without_validation_has_no_val_columns(tmp_path):
+    cfg = _cfg(tmp_path, **{"run-name": "r"})
+    w = ResultsWriter(cfg)
+    assert _read_header(w.dir / "clients.csv") == results.CLIENT_FIELDS
+    w.add_round(_row(1, 0.5), {"client-pids": [0], "client-acc": [0.5], "client-n": [4]}, matrices={"S": [[1]]})
+    back = ResultsWriter(cfg, folder=w.dir, resume={"rounds": [], "elapsed": 0.0})
+    assert _read(back.dir / "clients.csv") == [] and _read(back.dir / "rounds.csv") == []
+    assert not list((back.dir / "round_matrices").glob("*.json"))
+
+
+def _read_header(path):
+    return path.read_text().splitlines()[0].split(",")
+
+
+def test_a_cut_off_run_without_a_summary_or_placement_file_resumes(tmp_path):
+    """A run cut off mid-way has no summary.json, and one from before placement.csv has none either."""
+    cfg = _cfg(tmp_path, **{"run-name": "r"})
+    w = ResultsWriter(cfg)
+    w.add_round(_row(1, 0.5), {"client-pids": [0], "client-acc": [0.5], "client-n": [4]})
+    (w.dir / "placement.csv").unlink()
+    back = ResultsWriter(cfg, folder=w.dir, resume=w.state())
+    assert [r["round"] for r in _read(back.dir / "clients.csv")] == ["1"] and _read(back.dir / "placement.csv") == []
+
+
 def test_the_summary_counts_bytes_time_and_rounds_with_the_preparation_round_apart(tmp_path):
-    w = ResultsWriter(_cfg(tmp_path, **{"run-name": "r"}))
-    w.add_round({"round": 0, "bytes_up": 7, "bytes_down": 3, "startup_s": 2.5, "wall_s": 1.0}, None)
-    w.add_round({**_row(1, 0.5), "bytes_up": 10, "bytes_down": 20, "wall_s": 9.0, "startup_s": 4.0,
-                 "eval_clients": 3}, None)
-    w.add_round({**_row(2, 0.6), "bytes_up": 30, "bytes_down": 40, "wall_s": 2.0, "eval_clients": 2}, None)
+    w = ResultsWriter(_cfg(tmp_path, **{"run-name": "r", "val-fraction": 0.2, "seed": 3}))
+    # a row without a byte column counts none: the preparation sent nothing, round 1 nothing up, 2 nothing down
+    w.add_round({"round": 0, "startup_s": 2.5, "wall_s": 1.0}, None)
+    w.add_round({**_row(1, 0.5), "bytes_down": 20, "wall_s": 9.0, "startup_s": 4.0, "eval_clients": 3}, None)
+    w.add_round({**_row(2, 0.6), "bytes_up": 30, "wall_s": 2.0, "eval_clients": 2}, None)
     w.add_round({**_row(3, 0.7), "bytes_up": 50, "bytes_down": 60, "wall_s": 4.0, "eval_clients": 1}, None)
     s = w.finish(4, [], status="stopped")
+    assert {k: s[k] for k in ("method", "dataset", "partition", "model", "seed", "val_fraction")} == \
+        {"method": "fedavg", "dataset": "digits", "partition": w.cfg["partition"], "model": w.cfg["model"],
+         "seed": 3, "val_fraction": 0.2}
     assert (s["rounds"], s["final_round"], s["final_eval_clients"], s["num_clients"]) == (3, 3, 1, 4)
-    assert (s["bytes_up"], s["bytes_down"], s["bytes_prepare"]) == (97, 123, 10)
-    assert (s["bytes_up_per_round"], s["bytes_down_per_round"]) == (30.0, 40.0)
+    assert (s["bytes_up"], s["bytes_down"], s["bytes_prepare"]) == (80, 80, 0)
+    assert (s["bytes_up_per_round"], s["bytes_down_per_round"]) == (pytest.approx(80 / 3), pytest.approx(80 / 3))
     assert (s["startup_s"], s["first_round_s"], s["wall_s_per_round"]) == (2.5, 9.0, 3.0)
-    assert (s["final_acc"], s["dropped_replies"], s["status"], s["val_fraction"]) == (0.7, 0, "stopped", 0.0)
+    assert (s["final_acc"], s["dropped_replies"], s["status"]) == (0.7, 0, "stopped")
     assert json.loads((w.dir / "summary.json").read_text()) == s and not (w.dir / "dropped.json").exists()
+    assert (s["results_dir"], s["startup_from"]) == (str(w.dir), "ServerApp start") and s["wall_s"] >= 0
+
+
+def test_dropped_replies_are_written_whatever_their_values_and_plots_when_asked(tmp_path):
+    w = ResultsWriter(_cfg(tmp_path, **{"run-name": "r", "plots": True}))
+    w.add_round({**_row(1, 0.5), "wall_s": 9.0}, None)
+    w.add_round({**_row(2, 0.6)}, None)  # a round that recorded no time counts none
+    w.add_round({**_row(3, 0.6), "wall_s": 4.0}, None)
+    dropped = [{"round": 1, "client": "node 7", "reason": "x"}, {"round": 2, "client": 3, "where": tmp_path}]
+    s = w.finish(3, dropped)
+    assert s["dropped_replies"] == 2 and s["wall_s_per_round"] == 2.0 and s["first_round_s"] == 9.0
+    assert json.loads((w.dir / "dropped.json").read_text()) == [dropped[0], {**dropped[1], "where": str(tmp_path)}]
+    assert (w.dir / "accuracy.png").exists()
 
 
 def test_a_one_round_run_has_its_round_as_the_steady_state_and_no_rounds_has_none(tmp_path):
     w = ResultsWriter(_cfg(tmp_path, **{"run-name": "r"}))
-    w.add_round({**_row(1, 0.5), "wall_s": 6.0}, None)
+    w.add_round({"round": 0, "bytes_up": 7, "bytes_down": 3}, None)
+    w.add_round({"round": 1, "wall_s": 6.0, "bytes_up": 10, "bytes_down": 20}, None)  # its evaluation failed
     s = w.finish(2, [])
     assert (s["first_round_s"], s["wall_s_per_round"], s["startup_s"]) == (6.0, 6.0, None)
+    assert (s["bytes_prepare"], s["bytes_up_per_round"], s["bytes_down_per_round"]) == (10, 10.0, 20.0)
+    assert (s["final_acc"], s["final_eval_clients"]) == (None, 0)
     empty = ResultsWriter(_cfg(tmp_path, **{"run-name": "e"})).finish(2, [])
     assert (empty["rounds"], empty["final_round"], empty["first_round_s"], empty["wall_s_per_round"]) == \
         (0, None, None, 0.0)
@@ -220,3 +280,38 @@ def test_a_sampled_evaluation_round_is_never_best_nor_in_the_last_ten_mean():
     assert (got["best_round"], got["best_val_round"], got["last10_acc"]) == (3, 1, pytest.approx(0.55))
     assert results.complete_rounds(rows) == [rows[0], rows[2]]
     assert results.complete_rounds([_row(1, 0.5, sampled_eval="")]) != []  # an empty cell is a complete round
+
+
+def test_a_rounds_validation_columns_come_from_the_strategys_evaluation_metrics():
+    assert results.validation_columns(None) == {} and results.validation_columns({"acc": 0.5}) == {}
+    assert results.validation_columns({"val-acc-weighted": 0.6, "val-acc-client-mean": 0.5, "val-loss": 1.2}) == \
+        {"val_acc_weighted": 0.6, "val_acc_client_mean": 0.5, "val_loss": 1.2}
+
+
+def test_placement_rows_name_where_each_reply_was_computed_in_partition_order(tmp_path):
+    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.app.error import Error
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedcore import wire
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    asked = Message(RecordDict(), dst_node_id=5, message_type="train")
+
+    def reply(pid, where=True, metrics=True):
+        content = {}
+        if metrics:
+            content[wire.METRICS] = MetricRecord({wire.PARTITION_ID: pid})
+        if where:
+            content[wire.PLACEMENT] = ConfigRecord({"host": f"h{pid}", "pid": 100 + pid, "node-ip": "10.0.0.1",
+                                                    "ray-node-id": "r"})
+        return Message(RecordDict(content), reply_to=asked)
+
+    w = ResultsWriter(_cfg(tmp_path, **{"run-name": "r"}))
+    w.add_placement(4, "train", [reply(2), reply(1), reply(3, where=False), reply(5, metrics=False),
+                                 Message(Error(code=0, reason="x"), reply_to=asked)])
+    assert _read(w.dir / "placement.csv") == [
+        {"round": "4", "phase": "train", "partition_id": str(p), "node_ip": "10.0.0.1", "ray_node_id": "r",
+         "host": f"h{p}", "pid": str(100 + p)} for p in (1, 2)]
+    w.add_placement(5, "evaluate", [reply(3, where=False)])
+    assert len(_read(w.dir / "placement.csv")) == 2

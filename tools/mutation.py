@@ -41,8 +41,9 @@ class Target:
 
     modules: tuple[str, ...]
     tests: tuple[str, ...]
-    skip: tuple[str, ...] = ()  # functions of the modules left unmutated (drawing, display), named in the report
+    skip: tuple[str, ...] = ()  # functions left unmutated (drawing, display, another target's), named in the report
     only: tuple[str, ...] = ()  # where set, the only functions mutated (the module-level lines too), in the report
+    copy: tuple[str, ...] = ()  # folders the tests read besides the code (docs/ for the committed tables)
 
     def left_out(self, source: str) -> dict[int, str]:
         """``def`` line -> name of each function or method of ``source`` left unmutated (``skip``, or not in
@@ -91,10 +92,13 @@ TARGETS: dict[str, Target] = {
                       ("tests/test_rivals_optim.py",)),
     # the machinery behind every verdict: a table's statistics, best-on-validation selection, the tuning rule,
     # provenance and per-run data, checkpoints, reply validation, the partitioners and split files, the writers
-    "stats": Target(("runner/stats.py",),
+    "stats": Target(("runner/stats.py", "runner/table.py"),
                     ("tests/test_provenance.py::test_the_paired_t_interval_matches_a_hand_computation",
                      "tests/test_provenance.py::test_sample_std_and_its_conversion_from_a_population_std",
-                     "tests/test_stats_rules.py")),
+                     "tests/test_stats_rules.py", "tests/test_paired.py"),
+                    # runner/table.py's paired question (its rounds and moved questions are the tables target's)
+                    only=("sample_std", "sample_from_population", "paired_difference", "difference_cell",
+                          "headline_metric", "paired_rows", "render_paired", "parse_pair"), copy=("docs",)),
     "replies": Target(("fedstrategies/replies.py",), ("tests/test_replies_rules.py",)),
     "results": Target(("server_app/results.py",),
                       ("tests/test_results_rules.py",
@@ -123,6 +127,19 @@ TARGETS: dict[str, Target] = {
                             "tests/test_validation.py::test_a_val_fraction_outside_0_1_is_refused",
                             "tests/test_validation.py::test_a_val_fraction_that_leaves_a_client_no_training_sample_is_refused"),
                            skip=("plot_label_heatmap",)),
+    # the comparison table's rows, its writer and the README summary (and runner/table.py's rounds and moved)
+    "tables": Target(("runner/compare_rows.py", "runner/compare_table.py", "benchmarks/summary.py", "runner/table.py"),
+                     ("tests/test_compare.py::test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv",
+                      "tests/test_compare.py::test_the_papers_numbers_sit_beside_ours_in_the_papers_metric",
+                      "tests/test_compare.py::test_a_paper_table_with_an_unknown_metric_or_row_is_refused",
+                      "tests/test_compare.py::test_a_sweep_table_becomes_one_row_per_combination_and_bad_ones_are_refused",
+                      "tests/test_compare.py::test_the_readme_summary_is_built_from_the_current_docs_tables",
+                      "tests/test_compare.py::test_the_summary_compares_with_the_best_baseline_in_the_same_metric",
+                      "tests/test_compare.py::test_the_summary_difference_carries_the_tables_paired_interval_and_says_tie",
+                      "tests/test_compare.py::test_the_summary_leaves_out_a_table_whose_runs_are_not_all_made",
+                      "tests/test_validation.py::test_comparison_tables_use_the_test_accuracy_at_the_best_validation_round",
+                      "tests/test_rounds_to.py", "tests/test_moved.py"),
+                     skip=("headline_metric", "paired_rows", "render_paired", "parse_pair"), copy=("docs",)),
     "checkpoints": Target(("server_app/checkpoints.py",),
                           ("tests/test_checkpoints.py::test_the_tree_holds_every_known_type_exactly",
                            "tests/test_checkpoints.py::test_a_value_of_an_unknown_type_is_refused_when_saving",
@@ -175,7 +192,7 @@ def _mutmut_config(target: Target, workers: int) -> str:
         "", "[tool.mutmut]",
         f"source_paths = {lists(PACKAGES)}",
         f"only_mutate = {lists(target.modules)}",
-        f"also_copy = {lists(['conf', 'tools'])}",
+        f"also_copy = {lists(['conf', 'tools', *target.copy])}",
         f"pytest_add_cli_args_test_selection = {lists(target.tests)}",
         # one process per mutant, no xdist inside it; the suite's timeout still ends a hung mutant
         'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-x", "-q"]',
@@ -316,6 +333,30 @@ def known_stale() -> dict[str, str]:
     return dict(tomllib.loads(KNOWN_STALE.read_text()).get("stale", {})) if KNOWN_STALE.exists() else {}
 
 
+ROW_LINE = re.compile(r"^\| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([0-9.]+) \|$", re.M)
+MACHINERY = ("stats", "replies", "results", "provenance", "tune", "partitioners", "tables", "checkpoints")
+
+
+def summary_table() -> str:
+    """docs/results/mutation/README.md: every target's counts and kill ratio as its report gives them."""
+    lines = ["# Mutation testing: every target", "",
+             "Made by `python -m tools.mutation --summary` from the reports beside this page (each made by "
+             "`make mutation METHOD=<target>`, mutmut 3). Kill ratio: killed / (killed + survived + not run); "
+             "survivors judged equivalent or out of scope (logging and message text) are left out, each with its "
+             "reason in the report. `python -m tools.mutation --stale` lists the reports older than their modules, "
+             "and tests/mutation/known-stale.toml says why each is not re-run yet.", "",
+             "| target | kind | modules | mutants | killed | survived | equivalent | out of scope | not run | "
+             "kill ratio | report |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, target in TARGETS.items():
+        kind = "machinery" if name in MACHINERY else "method"
+        path = REPORTS / f"{name}.md"
+        found = ROW_LINE.search(path.read_text()) if path.exists() else None
+        cells = " | ".join(found.groups()) if found else "- | - | - | - | - | - | -"
+        report = f"[{name}.md]({name}.md)" if found else "no report yet"
+        lines.append(f"| {name} | {kind} | {', '.join(f'`{m}`' for m in target.modules)} | {cells} | {report} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(method: str, verdicts: dict[str, str]) -> float:
     s = summarise(verdicts, load_annotations(method))
     target = TARGETS[method]
@@ -328,7 +369,8 @@ def write_report(method: str, verdicts: dict[str, str]) -> float:
         f"Made by `make mutation METHOD={method}` (`python -m tools.mutation {method}`, mutmut 3) at commit "
         f"`{commit}`. Mutated: {', '.join(f'`{m}`' for m in target.modules)}. Tests run against each mutant: "
         f"{', '.join(f'`{t}`' for t in target.tests)}."
-        + (f" Left unmutated (drawing and display only): {', '.join(f'`{f}`' for f in target.skip)}."
+        + (f" Left unmutated (drawing, terminal display, or another target's): "
+           f"{', '.join(f'`{f}`' for f in target.skip)}."
            if target.skip else "")
         + (f" Only these functions (and the modules' top-level lines) are mutated: "
            f"{', '.join(f'`{f}`' for f in target.only)}." if target.only else ""),
@@ -372,7 +414,12 @@ def main(argv=None) -> int:
                         help="re-run only the last run's unexcused survivors (after adding tests)")
     parser.add_argument("--stale", action="store_true",
                         help="list the reports whose modules changed since they were made, and run nothing")
+    parser.add_argument("--summary", action="store_true",
+                        help="write docs/results/mutation/README.md, every target's ratio, and run nothing")
     args = parser.parse_args(argv)
+    if args.summary:
+        (REPORTS / "README.md").write_text(summary_table())
+        return 0
     if args.stale:
         for method, why in stale_reports().items():
             print(f"{method}: {why}")
