@@ -446,6 +446,9 @@ class PersonalizedStrategy(ReplyValidation, Strategy):
                   content_of: Callable[[int], tuple[Payload, dict]]) -> list[Message]:
         self._pending[phase] = set(pids)
         messages = []
+        # clients that get the same config and the same payload records share one RecordDict, as Flower's own
+        # strategies send theirs (its records' type checks cost ~0.17 ms a message: 0.34 CPU-s a round at 1,000)
+        contents: dict[tuple, RecordDict] = {}
         for pid in pids:
             payload, method_config = content_of(pid)
             clash = set(payload) & set(wire.RESERVED_RECORDS)
@@ -455,10 +458,14 @@ class PersonalizedStrategy(ReplyValidation, Strategy):
             clash = set(method_config) & set(wire.BASE_CONFIG_KEYS)
             if clash:
                 raise ValueError(f"{type(self).__name__}: config key(s) {sorted(clash)} belong to the base record")
-            config = ConfigRecord({wire.SERVER_ROUND: server_round, wire.PHASE: phase, wire.RUN_TOKEN: self.run_token,
-                                   **method_config})
-            messages.append(Message(content=RecordDict({wire.CONFIG: config, **payload}),
-                                    dst_node_id=self.node_of[pid], message_type=message_type,
+            same = (tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in method_config.items()),
+                    tuple((name, id(record)) for name, record in payload.items()))
+            content = contents.get(same)
+            if content is None:
+                config = ConfigRecord({wire.SERVER_ROUND: server_round, wire.PHASE: phase,
+                                       wire.RUN_TOKEN: self.run_token, **method_config})
+                content = contents[same] = RecordDict({wire.CONFIG: config, **payload})
+            messages.append(Message(content=content, dst_node_id=self.node_of[pid], message_type=message_type,
                                     group_id=str(server_round)))
         return messages
 

@@ -162,15 +162,24 @@ class FedSaCStrategy(PersonalizedStrategy):
         first = states[0]
         buffers = [wire.empty_packed({k: (np.asarray(first[k]).dtype, np.asarray(first[k]).shape) for k in keys})
                    for _ in range(len(weights))]
-        outs = block = None
+        outs = block = stacked = mix = stack_buf = mix_buf = None
+        scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}  # per dtype: the stacked block, its mix
         for key in keys:
             flat = [np.asarray(s[key]).reshape(-1) for s in states]
             outs = [views[key].reshape(-1) for _, views in buffers]
+            dtype, m = flat[0].dtype, len(weights)
+            if dtype not in scratch:  # reused block after block: no fresh pages per block
+                scratch[dtype] = (np.empty(n * width, dtype), np.empty(m * width, dtype))
+            stack_buf, mix_buf = scratch[dtype]
             for start in range(0, flat[0].size, width):
-                block = aggregate_by_graph(weights, np.stack([row[start:start + width] for row in flat]))
+                cols = min(width, flat[0].size - start)
+                stacked = stack_buf[:n * cols].reshape(n, cols)
+                np.stack([row[start:start + width] for row in flat], out=stacked)
+                mix = mix_buf[:m * cols].reshape(m, cols) if dtype.kind == "f" else None
+                block = aggregate_by_graph(weights, stacked, mix)
                 for out, row in zip(outs, block):
                     out[start:start + width] = row
-        del outs, block  # views into the buffers, which they would keep alive
+        del outs, block, scratch, stacked, mix, stack_buf, mix_buf  # the scratch goes before the records are made
         records = []
         for i in range(len(buffers)):  # each buffer goes as its record is made: never both of all of them
             records.append(wire.packed_record(buffers[i][0]))

@@ -292,10 +292,10 @@ def gram_rows(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
     return server_device.gram(np.asarray(x), None if dtype is None else getattr(torch, dtype))
 
 
-def product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+def product(left: np.ndarray, right: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """left @ right on the server device in the arrays' own dtype: the mixing W @ Theta of whole stacked
-    tensors (FedSaC, pFedGraph) and products of small matrices."""
-    return server_device.matmul(left, right)
+    tensors (FedSaC, pFedGraph) and products of small matrices; ``out``: a host array to write it into."""
+    return server_device.matmul(left, right, out)
 
 
 def gram_and_mix(x: np.ndarray, weights_of: Callable[[np.ndarray | None], np.ndarray],
