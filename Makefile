@@ -46,17 +46,19 @@ data:
 run: $(STAMP)
 	$(BIN)/python -m runner.launch --supernodes $(CLIENTS) --run-config "$(RUN_CONFIG)"
 
-# the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each, on the CPU
+# the fast suite (a few minutes on 2 cores): two pytest-xdist workers, one torch thread each, on the CPU; each
+# test file goes whole to one worker (--dist loadfile), so a module's shared fixture (one run read by several
+# tests) is made once, not once per worker
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --device cpu tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --device cpu tests
 
 # the same fast suite on CUDA: every run config, model and test tensor on the GPU (--device cuda); it stops
 # at once with "CUDA is not available" on a machine without one. GPU_TEST_WORKERS: processes sharing the GPU
 GPU_TEST_WORKERS ?= 4
 .PHONY: test-gpu
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(GPU_TEST_WORKERS) --device cuda tests
+	$(BIN)/python -m pytest -q -n $(GPU_TEST_WORKERS) --dist loadfile --device cuda tests
 
 bench: $(STAMP)
 	$(BIN)/python -m runner.compare $(PRESET)
@@ -141,9 +143,9 @@ bench-deploy-rivals: $(STAMP)
 bench-sim: $(STAMP)
 	$(BIN)/python -m benchmarks.sim_speed --methods fedavg,fedproto,ditto --clients 20 --rounds 50 --out docs/results/sim-speed
 
-# one real flwr run per client count: peak memory of the whole launch and s/round (docs/performance.md, "Scale")
+# flwr run at 100 to 10,000 clients beside the in-process round, peak memory per process kind (docs/scale.md); the memory-only table: python -m benchmarks.scale_e2e
 bench-scale: $(STAMP)
-	$(BIN)/python -m benchmarks.scale_e2e --clients 100,300,1000,2000 --rounds 5 --fraction 0.1 --out docs/results/scale-e2e
+	$(BIN)/python -m benchmarks.scale_round --clients 100,1000,10000 --rounds 5 --fraction 0.01 --evaluation sampled,all --rounds-all 3 --flower-path 1000 --out docs/results/scale-round
 
 # write pyproject.toml's [tool.flwr.app.config.<method>] tables from the declarations in fedcore/methods/
 .PHONY: sync-config

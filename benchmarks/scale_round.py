@@ -2,13 +2,14 @@
 the in-process engine's one-thread round of the same run config, with the peak memory of each kind of process.
 
     python -m benchmarks.scale_round --clients 100,1000,10000 --rounds 5 --fraction 0.01 \
-        [--evaluation sampled,all] [--flower-path 1000] [--out docs/results/scale-round]
+        [--evaluation sampled,all] [--rounds-all 3] [--flower-path 1000] [--out docs/results/scale-round]
 
 Setting (docs/scale.md): FedAvg on Fashion-MNIST, every client holding 6 images (``pfedpm-nk``: 2 classes, 3
 images each, so a client's work is the same at every client count), ``fraction`` of the clients training each
 round, one torch thread per client, plots off. Evaluation ``all``: every client evaluates after every round;
 ``sampled``: ``fraction-evaluate`` = ``fraction`` in rounds 1..R-1 and every client in round R (the last round
-evaluates all, so that tables keep their meaning; its seconds are a column of their own).
+evaluates all, so that tables keep their meaning; its seconds are a column of their own); ``last``: nobody in
+rounds 1..R-1, every client in round R (``eval-every`` = R: the rounds of training alone).
 
 For each client count and evaluation the row holds
 
@@ -21,7 +22,8 @@ For each client count and evaluation the row holds
 
 ``--flower-path N,...`` adds, at those counts, a ``flwr run`` with ``PFL_SCALE_PATCHES=off``: Flower's own
 message mover and reply pulls (``fedcore.flower_patches.indexed_message_ins`` and ``replied`` not applied), so the
-table shows what each costs. Every row records the 1-minute load average at its start: on a shared machine the
+table shows what each costs. ``--rounds-all`` runs the ``all`` rows for fewer rounds (every client evaluates
+in each: at 10,000 clients a round is minutes). Every row records the 1-minute load average at its start: on a shared machine the
 seconds are not an idle machine's, the ratios of a row are taken under the same load. Writes table.md and
 table.csv (``--out``), stamped with the commit.
 """
@@ -47,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTING = {"method": "fedavg", "dataset": "fmnist", "partition": "pfedpm-nk", "pfedpm-nk.n": 2, "pfedpm-nk.k": 3,
            "pfedpm-nk.stdev": 0, "client-threads": 1, "device": "cpu", "plots": False}
 IMAGES_PER_CLIENT = SETTING["pfedpm-nk.n"] * SETTING["pfedpm-nk.k"]
-EVALUATIONS = ("sampled", "all")
+EVALUATIONS = ("sampled", "last", "all")
 FIELDS = ["clients", "evaluation", "path", "status", "round_s", "per_message_ms", "inprocess_round_s", "ratio",
           "last_round_s", "inprocess_last_round_s", "startup_s", "peak_pss_gb",
           *[f"pss_gb {k}" for k in scale_e2e.KIND_NAMES], "load_at_start", "rounds", "fraction", "cpus", "commit"]
@@ -61,6 +63,8 @@ def run_config(clients: int, rounds: int, fraction: float, evaluation: str, resu
               "run-name": name}
     if evaluation == "all":
         return {**config, "eval-every": 1}
+    if evaluation == "last":
+        return {**config, "eval-every": rounds}
     return {**config, "eval-every": rounds, "fraction-evaluate": fraction}
 
 
@@ -84,7 +88,7 @@ def to_flwr(config: dict) -> str:
 
 def steady(rows: list[dict], evaluation: str) -> tuple[float | None, float | None, float | None]:
     """(median s / round, median s per client message, last round s) of a run's rounds.csv rows: rounds 2..R
-    (``all``) or 2..R-1 (``sampled``: the last one evaluates every client)."""
+    (``all``) or 2..R-1 (``sampled``, ``last``: the last one evaluates every client)."""
     if not rows:
         return None, None, None
     pick = rows[1:] if evaluation == "all" else rows[1:-1]
@@ -155,22 +159,22 @@ def table(rows: list[dict], command: str, commit: str) -> str:
     r0 = rows[0]
     lines = [f"Made by `{command}` at commit `{commit}`.",
              f"Setting: FedAvg, Fashion-MNIST, {IMAGES_PER_CLIENT} images per client (pfedpm-nk, 2 classes x 3), "
-             f"{r0['rounds']} rounds, {float(r0['fraction']):.0%} of the clients train each round; evaluation "
+             f"{'/'.join(sorted({str(r['rounds']) for r in rows}))} rounds (column `rounds`), {float(r0['fraction']):.0%} of the clients train each round; evaluation "
              f"`sampled`: {float(r0['fraction']):.0%} of the clients evaluate in rounds 1..R-1 and all in round R, "
-             "`all`: every client after every round; one CPU and one torch thread per client; "
-             f"{r0['cpus']} cores. s / round: median of rounds 2..R (`all`) or 2..R-1 (`sampled`); ms / message: "
+             "`last`: none in rounds 1..R-1 and all in round R, `all`: every client after every round; one CPU and one torch thread per client; "
+             f"{r0['cpus']} cores. s / round: median of rounds 2..R (`all`) or 2..R-1 (`sampled`, `last`); ms / message: "
              "those rounds' seconds over their trained + evaluated clients; in-process: the same run config in one "
              "process on one thread (runner.inprocess), run right after; ratio = flwr / in-process. Path `Flower's "
              "own`: PFL_SCALE_PATCHES=off (no message index, every pull asks for every awaited message). Memory: "
              "peak summed PSS of the launch's processes and each kind's PSS at that peak. Load: 1-minute load "
              "average at the row's start (above 0: other jobs shared the cores).", "",
-             "| clients | evaluation | path | status | flwr s / round | ms / message | in-process s / round | ratio "
+             "| clients | evaluation | rounds | path | status | flwr s / round | ms / message | in-process s / round | ratio "
              "| last round s (flwr / in-process) | start-up s | peak PSS GB | client actors GB | flwr-simulation GB "
              "| SuperLink GB | Ray head GB | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['clients']} | {r['evaluation']} | {r['path']} | {r['status']} | {_num(r['round_s'], '{:.2f}')} "
+            f"| {r['clients']} | {r['evaluation']} | {r['rounds']} | {r['path']} | {r['status']} | {_num(r['round_s'], '{:.2f}')} "
             f"| {_num(r['per_message_ms'], '{:.1f}')} | {_num(r['inprocess_round_s'], '{:.2f}')} "
             f"| {_num(r['ratio'], '{:.2f}')} | {_num(r['last_round_s'], '{:.1f}')} / "
             f"{_num(r['inprocess_last_round_s'], '{:.1f}')} | {_num(r['startup_s'], '{:.0f}')} "
@@ -198,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--fraction", type=float, default=0.01,
                         help="share of the clients that train (and, sampled, evaluate) each round")
-    parser.add_argument("--evaluation", default="sampled,all", help="comma-separated: sampled, all")
+    parser.add_argument("--evaluation", default="sampled,all", help="comma-separated: sampled, last, all")
+    parser.add_argument("--rounds-all", type=int, default=None,
+                        help="rounds of the rows where every client evaluates (default: --rounds)")
     parser.add_argument("--flower-path", default="", help="client counts that also get a row of Flower's own path")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     parser.add_argument("--out", type=Path, default=Path("docs/results/scale-round"))
@@ -227,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'Flower' + chr(39) + 's own path' if flower else 'patched path'} ...", flush=True)
             t0 = time.time()
             baseline = next((r for r in rows if r["clients"] == n and r["evaluation"] == evaluation), None)
-            row = measure(n, args.rounds, args.fraction, evaluation, workdir, args.timeout, flower, baseline)
+            rounds = args.rounds_all if evaluation == "all" and args.rounds_all else args.rounds
+            row = measure(n, rounds, args.fraction, evaluation, workdir, args.timeout, flower, baseline)
             print(f"  {row['status']}: flwr {row['round_s']} s / round, in-process {row['inprocess_round_s']}, "
                   f"ratio {row['ratio']}, last round {row['last_round_s']}, peak PSS {row['peak_pss_gb']:.2f} GB "
                   f"({time.time() - t0:.0f} s)", flush=True)

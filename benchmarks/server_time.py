@@ -19,13 +19,16 @@ commit it was made by, and ``table.md`` names them), so a few methods can be re-
 
 ``--device`` is the run config's ``server-device`` for the timed rounds (default cpu, the numbers the table
 has always had); every row records the device (and the GPU's name). Each client count also gets a
-"matrix-product floor" row: one m x d by d x m product at the same sizes on the same device, in the same run.
+"matrix-product floor" row: one m x d by d x m product at the same sizes on the same device, in the same run, and a
+"data movement floor" row: decoding every reply and encoding every personalised reply, nothing else
+(``movement_floor``); under the table, each method's round against it.
 
 Writes ``table.md``, ``table.csv`` and ``server_time.png`` in the output folder. Where a method's round has
 computations no implementation of its rule can avoid, they are timed alone on the same round's data and get rows
 of their own, "method (what alone)", with the round's ratio to them under the table (``UNAVOIDABLE``): MuPFL's
-pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's and HeurFedAMP's two m x m x d matrix
-products (the pairwise Gram matrix of the round's models and the mixing W @ Theta).
+pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's, HeurFedAMP's, FedSaC's and pFedGraph's
+two m x m x d matrix products (the pairwise Gram matrix of the round's models and the mixing W @ Theta); FedAvg's
+weighted sum of the round's models.
 """
 
 from __future__ import annotations
@@ -217,17 +220,47 @@ def fedamp_products_alone(strategy, messages, server_round: int, repeats: int = 
     makes, the Gram matrix Theta Theta^T (pairwise distances or cosines) and the mixing W @ Theta, on the models
     the server holds for the round's clients, stacked and put on the server device before the clock starts
     (median of ``repeats``)."""
+    return _gram_and_mixing_alone([strategy.model_of(pid) for pid in strategy.sample_train(server_round)], repeats)
+
+
+def replies_products_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """FedSaC / pFedGraph: the same two products (the Gram matrix of the round's models and the mixing W @ Theta)
+    over the models of the round's train replies, stacked before the clock starts."""
+    from fedcore import wire
+
+    return _gram_and_mixing_alone([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages], repeats)
+
+
+def _stacked(states) -> np.ndarray:
+    """The float32 parameters of ``states`` stacked, one row per model."""
     from fedstrategies.pairwise import parameter_keys
 
-    states = [strategy.model_of(pid) for pid in strategy.sample_train(server_round)]
     keys = parameter_keys(states[0])
-    theta = np.stack([np.concatenate([np.asarray(s[k], np.float32).reshape(-1) for k in keys]) for s in states])
-    mixing = np.full((len(states), len(states)), 1.0 / len(states), np.float32)
+    return np.stack([np.concatenate([np.asarray(s[k], np.float32).reshape(-1) for k in keys]) for s in states])
+
+
+def _gram_and_mixing_alone(states, repeats: int) -> list[dict]:
+    """Theta Theta^T and W @ Theta (full float32 products) over the stacked ``states`` on the server device."""
     from fedstrategies import server_device
 
+    theta = _stacked(states)
+    mixing = np.full((len(states), len(states)), 1.0 / len(states), np.float32)
     on_device, mixing = server_device.put(theta), server_device.put(mixing)  # the round's device, before the clock
     wall, cpu = _timed(lambda: _synced(on_device @ on_device.T, mixing @ on_device), repeats)
     return [{"what": "Gram + mixing products", "s": wall, "cpu_s": cpu, "mb": theta.nbytes / 2**20}]
+
+
+def weighted_sum_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """FedAvg: the one product its rule makes, the sample-weighted sum of the round's m models (a 1 x m by m x d
+    float32 product over the replies' models, stacked before the clock starts)."""
+    from fedcore import wire
+    from fedstrategies import server_device
+
+    theta = _stacked([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages])
+    weights = server_device.put(np.full((1, len(theta)), 1.0 / len(theta), np.float32))
+    on_device = server_device.put(theta)
+    wall, cpu = _timed(lambda: _synced(weights @ on_device), repeats)
+    return [{"what": "weighted sum", "s": wall, "cpu_s": cpu, "mb": theta.nbytes / 2**20}]
 
 
 def product_floor(n: int, extra: dict, repeats: int = 5) -> dict:
@@ -256,7 +289,41 @@ def product_floor(n: int, extra: dict, repeats: int = 5) -> dict:
             "d": d}
 
 
-UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone}
+MOVEMENT_FLOOR = "data movement floor"
+
+
+def movement_floor(n: int, repeats: int = 3) -> dict:
+    """The data-movement floor at n clients: what any personalised round moves, and nothing else. Decode every one
+    of n train replies (the benchmark's CNN, packed as clients send it: ``wire.unpack_arrays``, read-only views of
+    the reply's bytes) and encode one personalised reply per client from it (``wire.pack_arrays``, the one copy of
+    the model a message needs); each encoded record is dropped at once, so the MB column is the replies' size.
+    Median of ``repeats``; host memory, whatever the server device (its transfers are the GPU's own rows)."""
+    from fedcore import wire
+    from fedcore.models import model_facts
+    from fedcore.methods._replies import noisy_weights
+
+    weights = model_facts("cnn", (1, 28, 28), 10, 0).initial_weights
+    rng = np.random.default_rng(0)
+    replies = [wire.pack_arrays(noisy_weights(weights, rng)) for _ in range(n)]
+    parts = {"decode": 0.0, "encode": 0.0}
+
+    def move():
+        decoded = [wire.unpack_arrays(record) for record in replies]
+        t = time.perf_counter()
+        for arrays in decoded:
+            wire.pack_arrays(arrays)
+        parts["encode"] = time.perf_counter() - t
+
+    move()  # warm-up (the layout cache)
+    wall, cpu = _timed(move, repeats)
+    size = sum(len(record[wire.PACKED_KEY].data) for record in replies)
+    return {"method": MOVEMENT_FLOOR, "clients": n, "round": 1, "sampled": n, "round_s": wall, "round_cpu_s": cpu,
+            "configure_s": parts["encode"], "aggregate_s": max(wall - parts["encode"], 0.0), "evaluate_s": 0.0,
+            "prepare_s": 0.0, "peak_growth_mb": size / 2**20, "device": "cpu (host memory)"}
+
+
+UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone,
+               "fedsac": replies_products_alone, "pfedgraph": replies_products_alone, "fedavg": weighted_sum_alone}
 ALONE = re.compile(r"^(?P<method>\S+) \((?P<what>.+) alone\)$")
 
 
@@ -277,9 +344,34 @@ def _alone_notes(rows: list[dict], counts: list[int]) -> list[str]:
         notes = ["", "X alone: a computation no implementation of the method's rule can avoid, timed alone by the "
                  "benchmark on the same round's data (median of 3-5 calls; MuPFL's cosine matrix: the Gram "
                  "products of the stacked float32 updates and activation maps of the round's sampled clients and "
-                 "their normalisation; PKCF matching: match-steps steps on the federated features; FedAMP's "
-                 "products: Theta Theta^T and W @ Theta over the round's models); its MB column is the size of the "
+                 "their normalisation; PKCF matching: match-steps steps on the federated features; Gram + mixing "
+                 "products (FedAMP, HeurFedAMP, FedSaC, pFedGraph): Theta Theta^T and W @ Theta over the round's "
+                 "models; FedAvg's weighted sum: w @ Theta); its MB column is the size of the "
                  "stacked matrices.", *notes]
+    return notes
+
+
+def _movement_notes(rows: list[dict], counts: list[int]) -> list[str]:
+    """Under the table: each method's round at the most clients against the data-movement floor there, plus its
+    unavoidable computations alone where the table has them (the issue's bar: within 2x)."""
+    n = counts[-1]
+    by = {(r["method"], r.get("round", 1)): r for r in rows if r["clients"] == n}
+    floor = by.get((MOVEMENT_FLOOR, 1))
+    if floor is None or floor["round_s"] <= 0:
+        return []
+    notes = ["", f"{MOVEMENT_FLOOR}: decode every one of the clients' train replies (the CNN, packed as sent: "
+             "read-only views) and encode one personalised reply per client (one copy of the model each), nothing "
+             f"else; host memory, median of 3. At {n} clients, each round / (its computations alone + that floor):"]
+    for (label, rnd), row in by.items():
+        if label in (MOVEMENT_FLOOR, "matrix-product floor") or ALONE.match(label):
+            continue
+        alone = [r for (lab, r_rnd), r in by.items()
+                 if r_rnd == rnd and (m := ALONE.match(lab)) and m["method"] == label]
+        wall = max((r["round_s"] for r in alone), default=0.0)
+        cpu = max((r["round_cpu_s"] for r in alone), default=0.0)
+        what = " (with its computations alone)" if alone else ""
+        notes.append(f"- {_label(row)}: {row['round_s'] / (wall + floor['round_s']):.1f}x (wall), "
+                     f"{row['round_cpu_s'] / max(cpu + floor['round_cpu_s'], 1e-9):.1f}x (CPU){what}")
     return notes
 
 
@@ -312,6 +404,14 @@ def run(methods: list[str], clients: list[int], out: Path, extra: dict, server_r
         floor = {**json.loads(done.stdout.strip().splitlines()[-1]), **(made or {})}
         rows.append(floor)
         print(f"matrix-product floor {n:>5} x {floor['d']} on {floor['device']}: {floor['round_s']:.4f} s", flush=True)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.server_time", "--movement", str(n)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the data movement floor at {n} clients failed:\n{done.stderr[-3000:]}")
+        moved = {**json.loads(done.stdout.strip().splitlines()[-1]), **(made or {})}
+        rows.append(moved)
+        print(f"data movement floor {n:>5} replies: {moved['round_s']:.4f} s (encode {moved['configure_s']:.4f} s)",
+              flush=True)
     if merge and (out / "table.csv").exists():
         measured = {(r["method"], r["clients"], r["round"]) for r in rows}
         rows = [r for r in read_rows(out / "table.csv") if (r["method"], r["clients"], r["round"]) not in measured] + rows
@@ -401,6 +501,7 @@ def write(rows: list[dict], out: Path) -> None:
     if any(r["method"] == "matrix-product floor" for r in rows):
         lines += ["", "matrix-product floor: one m x d by d x m float32 product (m = clients, d = the CNN's "
                   "parameters) on the server device, operands already there, timed in the same run (median of 5)."]
+    lines += _movement_notes(rows, counts)
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib
@@ -436,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                              "run config's, else cpu)")
     parser.add_argument("--one", nargs=3, metavar=("METHOD", "CLIENTS", "EXTRA"), help=argparse.SUPPRESS)
     parser.add_argument("--floor", nargs=2, metavar=("CLIENTS", "EXTRA"), help=argparse.SUPPRESS)
+    parser.add_argument("--movement", type=int, metavar="CLIENTS", help=argparse.SUPPRESS)
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write a docs/ table from uncommitted code (to try things)")
     args = parser.parse_args(argv)
@@ -445,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.floor:
         print(json.dumps(product_floor(int(args.floor[0]), json.loads(args.floor[1]))))
+        return 0
+    if args.movement:
+        print(json.dumps(movement_floor(args.movement)))
         return 0
     from fedcore.registry import REGISTRY
 

@@ -190,7 +190,9 @@ def tune_method(preset: dict, entry, out: Path, jobs: int, code: dict) -> dict:
     return {"chosen": grid[best] if best is not None else {}, "grid": records, "seed": configs[0]["seed"],
             "rounds": tuning_budget(preset), "of-rounds": int(preset.get("run-config", {}).get("num-server-rounds", 0)),
             "val-samples": n, "preset": preset.get("name", ""), "commit": preset.get("made", {}).get("commit", ""),
-            "source-hash": code.get("source_hash", "")}
+            "source-hash": code.get("source_hash", ""),
+            # the cap on each client's training data it was tuned at (a data-size study's family says which)
+            **({"max-train-samples": cap} if (cap := int(configs[0].get("max-train-samples", 0))) else {})}
 
 
 def rechoose(records: dict[str, dict], preset_dir: Path) -> dict[str, tuple[dict, dict]]:
@@ -250,8 +252,8 @@ def write_family(path: Path, records: dict[str, dict], fam: str) -> None:
     for method in sorted(records):
         rec = records[method]
         lines.append(f'[tuning."{method}"]')
-        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "source-hash", "seed", "rounds", "of-rounds",
-                                                     "val-samples") if k in rec]
+        lines += [f"{k} = {_toml(rec[k])}" for k in ("preset", "commit", "source-hash", "max-train-samples", "seed",
+                                                     "rounds", "of-rounds", "val-samples") if k in rec]
         lines.append("grid = [")
         for g in rec["grid"]:
             fields = [f"setting = {_toml(json.dumps(g['setting'], sort_keys=True))}"]
@@ -366,7 +368,8 @@ def render(preset: dict, preset_path: Path, family_file: Path, records: dict[str
         rec = records.get(e.method)
         if rec is None:
             continue
-        budget = f"seed {rec.get('seed', '?')}, {rec.get('rounds', '?')} of {rec.get('of-rounds', '?')} rounds"
+        budget = f"seed {rec.get('seed', '?')}, {rec.get('rounds', '?')} of {rec.get('of-rounds', '?')} rounds" + (
+            f", max-train-samples {rec['max-train-samples']}" if rec.get("max-train-samples") else "")
         where = (f"tuned by this command ({budget}{code_note(rec)})" if e.method in tuned_now else
                  f"reused: tuned with preset `{rec.get('preset', '?')}` at commit {rec.get('commit', '?') or '?'} "
                  f"({budget}{code_note(rec)})")

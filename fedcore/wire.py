@@ -137,11 +137,36 @@ def pack_arrays(arrays: Mapping[str, object], compact: bool = False) -> ArrayRec
                             for key, v in values.items()})
     header = json.dumps([[k, v.dtype.str, list(v.shape)] for k, v in values.items()], separators=(",", ":")).encode()
     offsets, end = _packed_offsets(len(header), [v.nbytes for v in values.values()])
+    # one copy of the arrays, straight into the record's bytes (a bytearray filled and then turned into bytes
+    # was two: 1.6-2.6 ms against 0.7 ms for the 0.8 MB CNN on a loaded 2-core machine)
+    parts: list = [_PACKED_MAGIC, len(header).to_bytes(4, "little"), header]
+    at = len(_PACKED_MAGIC) + 4 + len(header)
+    for value, offset in zip(values.values(), offsets):
+        parts += [bytes(offset - at), memoryview(value.reshape(-1).view(np.uint8))]
+        at = offset + value.nbytes
+    return ArrayRecord({PACKED_KEY: Array(dtype="uint8", shape=(end,), stype=PACKED_STYPE, data=b"".join(parts))})
+
+
+def empty_packed(layout: Mapping[str, tuple[np.dtype, tuple[int, ...]]]) -> tuple[bytearray, dict[str, np.ndarray]]:
+    """The bytes of a packed record of arrays with these names, dtypes and shapes (zeroed), and a writable view
+    of each array in them: a server that computes a record's arrays piece by piece writes them there and then
+    makes the record with ``packed_record``, byte for byte what ``pack_arrays`` makes of the same arrays, with
+    no array of its own in between."""
+    dtypes = {str(k): np.dtype(dtype).newbyteorder("<") for k, (dtype, _) in layout.items()}
+    shapes = {str(k): tuple(int(d) for d in shape) for k, (_, shape) in layout.items()}
+    header = json.dumps([[k, dtypes[k].str, list(shapes[k])] for k in dtypes], separators=(",", ":")).encode()
+    offsets, end = _packed_offsets(len(header), [dtypes[k].itemsize * math.prod(shapes[k]) for k in dtypes])
     buffer = bytearray(end)
     buffer[:len(_PACKED_MAGIC) + 4 + len(header)] = _PACKED_MAGIC + len(header).to_bytes(4, "little") + header
-    for value, offset in zip(values.values(), offsets):
-        np.frombuffer(buffer, dtype=value.dtype, count=value.size, offset=offset)[:] = value.reshape(-1)
-    return ArrayRecord({PACKED_KEY: Array(dtype="uint8", shape=(end,), stype=PACKED_STYPE, data=bytes(buffer))})
+    views = {k: np.frombuffer(buffer, dtype=dtypes[k], count=math.prod(shapes[k]), offset=offset).reshape(shapes[k])
+             for k, offset in zip(dtypes, offsets)}
+    return buffer, views
+
+
+def packed_record(buffer: bytearray) -> ArrayRecord:
+    """The record of an ``empty_packed`` buffer once its views are filled (Flower's Array holds bytes: one copy)."""
+    return ArrayRecord({PACKED_KEY: Array(dtype="uint8", shape=(len(buffer),), stype=PACKED_STYPE,
+                                          data=bytes(buffer))})
 
 
 def _packed_offsets(header_len: int, sizes: list[int]) -> tuple[list[int], int]:

@@ -56,8 +56,7 @@ class CFLStrategy(PersonalizedStrategy):
         self._reindex()
 
     def _reindex(self) -> None:
-        """Forget the packed models and map every client to its cluster (after any change)."""
-        self._packed: dict[int, object] = {}
+        """Map every client to its cluster (after any change)."""
         self._index = {pid: c for c, members in enumerate(self.clusters) for pid in members}
 
     def cluster_of(self, pid: int) -> int:
@@ -66,9 +65,7 @@ class CFLStrategy(PersonalizedStrategy):
     def cluster_record(self, pid: int):
         """The packed model of ``pid``'s cluster (packed once per cluster version)."""
         c = self.cluster_of(pid)
-        if c not in self._packed:
-            self._packed[c] = wire.pack_arrays(self.cluster_models[c])
-        return self._packed[c]
+        return self.packed(("cluster", c), lambda: wire.pack_arrays(self.cluster_models[c]))
 
     def train_payload(self, pid, server_round):
         return {wire.WEIGHTS: self.cluster_record(pid)}

@@ -47,7 +47,6 @@ class CReFFStrategy(FedAvgStrategy):
         K, d = model.num_classes, model.feature_dim
         self.features = torch.randn((K * self.hp["features-per-class"], d), generator=self.torch_generator).numpy()
         self.retrained = self._fresh_head()
-        self._packed_head = self._packed_eval = None
 
     def _fresh_head(self) -> dict[str, np.ndarray]:
         weight, bias = fresh_linear(self.model.feature_dim, self.num_classes, self.torch_generator)
@@ -55,15 +54,13 @@ class CReFFStrategy(FedAvgStrategy):
 
     # ------------------------------------------------------------------ down
     def train_payload(self, pid, server_round):
-        if self._packed_head is None:
-            self._packed_head = wire.pack_arrays(self.retrained)
-        return {wire.WEIGHTS: self.packed_global(), RETRAINED_HEAD: self._packed_head}
+        return {wire.WEIGHTS: self.packed_global(),
+                RETRAINED_HEAD: self.packed("retrained", lambda: wire.pack_arrays(self.retrained))}
 
     def evaluate_payload(self, pid, server_round):
         """The global body with the re-trained classifier (CReFF's evaluated model)."""
-        if self._packed_eval is None:
-            self._packed_eval = wire.pack_arrays({**self.global_weights, **self.retrained})
-        return {wire.WEIGHTS: self._packed_eval}
+        return {wire.WEIGHTS: self.packed("evaluated", lambda: wire.pack_arrays({**self.global_weights,
+                                                                                **self.retrained}))}
 
     # ------------------------------------------------------------------ up
     def reply_schema(self, pid):
@@ -96,9 +93,4 @@ class CReFFStrategy(FedAvgStrategy):
                                               self.torch_generator)
         self.features = features.numpy()
         self.retrained = {WEIGHT: weight.numpy(), BIAS: bias.numpy()}
-        self._packed_head = self._packed_eval = None
         return {"match-loss-before": before, "match-loss": after}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._packed_head = self._packed_eval = None

@@ -81,10 +81,7 @@ class FedAMPStrategy(PersonalizedStrategy):
     def reply_schema(self, pid):
         return {wire.WEIGHTS: weights_schema(self.initial_weights)}
 
-    def reference_norm(self, record):
-        return None
-
     def aggregate(self, server_round, replies):
-        for reply in replies:
-            self.models[reply.pid] = {k: np.array(v) for k, v in reply.arrays[wire.WEIGHTS].items()}
+        for reply in replies:  # the reply's read-only views, kept as they are: they hold its weights record's bytes
+            self.models[reply.pid] = dict(reply.arrays[wire.WEIGHTS])  # alive, which a copy would only duplicate
         return dict(self._metrics)

@@ -21,16 +21,13 @@ class FedAvgStrategy(PersonalizedStrategy):
     def __init__(self, cfg, clients, model):
         super().__init__(cfg, clients, model)
         self.global_weights = {k: v.copy() for k, v in model.initial_weights.items() if self.is_shared(k)}
-        self._packed = None
 
     def is_shared(self, key: str) -> bool:
         return True
 
     def packed_global(self):
         """The global model as one record, packed once per version and sent to every client."""
-        if self._packed is None:
-            self._packed = wire.pack_arrays(self.global_weights)
-        return self._packed
+        return self.packed("global", lambda: wire.pack_arrays(self.global_weights))
 
     def train_payload(self, pid, server_round):
         return {wire.WEIGHTS: self.packed_global()}
@@ -46,11 +43,6 @@ class FedAvgStrategy(PersonalizedStrategy):
     def aggregate(self, server_round, replies):
         self.global_weights = weighted_average((r.arrays[wire.WEIGHTS] for r in replies),
                                                [r.num_examples for r in replies])
-        self._packed = None
 
     def evaluate_payload(self, pid, server_round):
         return {wire.WEIGHTS: self.packed_global()}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._packed = None

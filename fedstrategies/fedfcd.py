@@ -42,7 +42,6 @@ class FedFCDStrategy(PersonalizedStrategy):
         self.gfr = np.zeros((c, d), np.float32)  # row j: GFR of class j (valid where gfr_mask)
         self.gfr_mask = np.zeros(c, bool)
         self.gfr_counts = np.zeros(c, np.int64)  # N_j of the round that set row j
-        self._packed: dict = {}  # this round's records, packed once and shared by every message
 
     # ---------------------------------------------------------------- round 0: LFRs of the untrained extractors
     def prepare_targets(self):
@@ -56,20 +55,16 @@ class FedFCDStrategy(PersonalizedStrategy):
 
     # ---------------------------------------------------------------- payloads
     def _head_record(self):
-        if "head" not in self._packed:
-            self._packed["head"] = wire.pack_arrays(self.head.arrays(), compact=True)
-        return self._packed["head"]
+        return self.packed("head", lambda: wire.pack_arrays(self.head.arrays(), compact=True))
 
     def _gfr_record(self, pid: int):
         """The GFRs a client gets: all classes that have one, or (``own``) those among its classes."""
         rows = self.gfr_mask.copy()
         if self.hp["gfr-download"] == "own":
             rows &= self.clients[pid].train_label_counts > 0
-        key = ("gfr", rows.tobytes())  # clients with the same rows share one record
-        if key not in self._packed:
-            ids = np.flatnonzero(rows)
-            self._packed[key] = wire.pack_class_features(ids, self.gfr[ids], self.gfr_counts[ids])
-        return self._packed[key]
+        ids = np.flatnonzero(rows)  # clients with the same rows share one record
+        return self.packed(("gfr", rows.tobytes()),
+                           lambda: wire.pack_class_features(ids, self.gfr[ids], self.gfr_counts[ids]))
 
     def train_payload(self, pid, server_round):
         return {GLOBAL_HEAD: self._head_record(), wire.CLASS_FEATURES: self._gfr_record(pid)}
@@ -101,10 +96,5 @@ class FedFCDStrategy(PersonalizedStrategy):
                                                           self.hp["gfr-weighting"])
         # Classes nobody reported this round keep their previous row (as merge_class_features does).
         self.gfr[classes], self.gfr_mask[classes], self.gfr_counts[classes] = means, True, totals
-        self._packed = {}
         return {"head-loss-before": before, "head-loss-after": after, "head-batch-loss": batch_loss,
                 "head-pairs": len(y), "gfr-classes": int(self.gfr_mask.sum())}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._packed = {}

@@ -29,12 +29,9 @@ class FedGHStrategy(PersonalizedStrategy):
         # theta(0) = the seeded initial model's head, so round 1's clients start from their own initial model
         self.head = GlobalHead(self.initial_weights["head.weight"], self.initial_weights["head.bias"],
                                lr=self.hp["server-lr"])
-        self._packed = None
 
     def _head_record(self):
-        if self._packed is None:
-            self._packed = wire.pack_arrays(self.head.arrays(), compact=True)
-        return self._packed
+        return self.packed("head", lambda: wire.pack_arrays(self.head.arrays(), compact=True))
 
     def train_payload(self, pid, server_round):
         return {GLOBAL_HEAD: self._head_record()}
@@ -57,10 +54,5 @@ class FedGHStrategy(PersonalizedStrategy):
         before = self.head.loss(x, y)
         batch_loss = self.head.train(x, y, batch_size=self.hp["server-batch-size"], epochs=self.hp["server-epochs"],
                                      generator=self.torch_generator)
-        self._packed = None
         return {"head-loss-before": before, "head-loss-after": self.head.loss(x, y), "head-batch-loss": batch_loss,
                 "head-pairs": len(y)}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._packed = None

@@ -51,11 +51,9 @@ def attention(x: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
     cosines cost no second pass over x; they are clipped to [-1, 1] against rounding. scipy's softmax
     subtracts each row's maximum first, so sigma = 50 (exp(50)) cannot overflow.
     """
-    import torch
+    from fedstrategies import pairwise  # imported on use (torch): every ClientApp imports this module
 
-    from fedstrategies import server_device  # imported on use: every ClientApp imports this module
-
-    return _attention_of_gram(server_device.gram(np.asarray(x), torch.float64), sigma, eps)
+    return _attention_of_gram(pairwise.gram_rows(x, "float64"), sigma, eps)
 
 
 def _attention_of_gram(gram: np.ndarray, sigma: float, eps: float = EPS) -> np.ndarray:
@@ -125,20 +123,18 @@ def mcsa(models: Sequence[dict[str, np.ndarray]], sigma: float, mode: str = "lay
         raise ValueError("the mean and size weighting need one training-set size per model")
     mixed_of: list[dict[str, np.ndarray]] = [{} for _ in models]
     matrices: dict[str, np.ndarray] = {}
-    import torch
+    from fedstrategies import pairwise  # imported on use (torch): every ClientApp imports this module
 
-    from fedstrategies import server_device  # imported on use: every ClientApp imports this module
+    def weights_of(gram):
+        if aggregation == "mean":
+            return mean_weights(sizes)
+        psi = _attention_of_gram(gram, sigma)
+        return size_weighted(psi, sizes) if size_weighting else psi
 
     for name, keys in components(models[0], mode).items():
         x = stack_component(models, keys)
-        on_device = server_device.put(x)  # one upload for the attention and the mixing products
-        if aggregation == "mean":
-            psi = mean_weights(sizes)
-        else:
-            psi = _attention_of_gram(server_device.gram(on_device, torch.float64), sigma)
-            if size_weighting:
-                psi = size_weighted(psi, sizes)
-        mixed = server_device.to_host(server_device.product(server_device.put(psi.astype(x.dtype)), on_device))
+        # one upload of x for the attention's Gram matrix (float64) and the mixing product
+        psi, mixed = pairwise.gram_and_mix(x, weights_of, None if aggregation == "mean" else "float64")
         matrices[name] = psi
         start = 0
         for key in keys:

@@ -87,4 +87,3 @@ class FedNovaStrategy(FedAvgStrategy):
         self.global_weights = normalized_average(self.global_weights, [r.arrays[wire.WEIGHTS] for r in replies],
                                                  [r.num_examples for r in replies],
                                                  [float(r.arrays[NORMALIZER][A_NORM][0]) for r in replies])
-        self._packed = None

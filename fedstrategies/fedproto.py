@@ -22,14 +22,12 @@ class FedProtoStrategy(PersonalizedStrategy):
         self.class_ids = np.zeros(0, np.int64)
         self.protos: np.ndarray | None = None  # None until the first aggregation
         self.counts = np.zeros(0, np.int64)
-        self._packed = None
 
     def _payload(self):
         if self.protos is None:  # round 1: no global prototypes yet (the config flag says so)
             return {}
-        if self._packed is None:
-            self._packed = wire.pack_class_features(self.class_ids, self.protos, self.counts)
-        return {wire.CLASS_FEATURES: self._packed}
+        return {wire.CLASS_FEATURES: self.packed("prototypes", lambda: wire.pack_class_features(
+            self.class_ids, self.protos, self.counts))}
 
     def _config(self):
         return {HAS_PROTOTYPES: self.protos is not None}
@@ -68,8 +66,3 @@ class FedProtoStrategy(PersonalizedStrategy):
             self.num_classes, self.hp["aggregation"])
         old = None if self.protos is None else (self.class_ids, self.protos, self.counts)
         self.class_ids, self.protos, self.counts = merge_class_features(new, old)
-        self._packed = None
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._packed = None

@@ -23,7 +23,7 @@ import numpy as np
 
 from fedcore import wire
 from fedcore.methods.fedsac import BASIS, REFERENCE, REGULARISER, REGULARISER_OFF, SUBSPACE
-from fedstrategies import server_device
+from fedstrategies import pairwise
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at,
                                        collaboration_graph, complementarity_matrix, graph_diagnostics,
@@ -31,12 +31,6 @@ from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at,
 
 ORTHONORMAL_TOL = 1e-3  # |U^T U - I| a basis may show (float32 rounding is ~1e-7)
 GRAM_BLOCK = 1 << 24  # values per column block of the similarity Gram matrix (64 MB of float32)
-
-
-def is_parameter(key: str) -> bool:
-    """Whether a state-dict entry is a trained parameter (in the similarity vector and the regulariser)
-    rather than a BatchNorm statistic."""
-    return not key.endswith(("running_mean", "running_var", "num_batches_tracked"))
 
 
 class FedSaCStrategy(PersonalizedStrategy):
@@ -61,7 +55,6 @@ class FedSaCStrategy(PersonalizedStrategy):
         self.references: dict = {}
         self.graph_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.num_examples: dict[int, int] = {}
-        self._packed_initial = wire.pack_arrays(self.initial_weights)
 
     def check_model(self, model) -> None:
         """The subspace rank must fit the model's feature width."""
@@ -72,7 +65,9 @@ class FedSaCStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------ messages
     def personal_record(self, pid: int):
         """theta~_i as sent: the aggregated model, or theta(0) before client ``pid`` was first aggregated."""
-        return self.personal.get(pid, self._packed_initial)
+        if pid in self.personal:
+            return self.personal[pid]
+        return self.packed("initial", lambda: wire.pack_arrays(self.initial_weights))
 
     def train_payload(self, pid, server_round):
         payload = {wire.WEIGHTS: self.personal_record(pid)}
@@ -107,15 +102,13 @@ class FedSaCStrategy(PersonalizedStrategy):
         pids = [r.pid for r in replies]
         n = np.array([r.num_examples for r in replies], dtype=np.float64)
         p = n / n.sum()
-        stacks = {key: np.stack([r.arrays[wire.WEIGHTS][key] for r in replies])
-                  for key in self.initial_weights}
-        similarity = similarity_matrix(self.gram(stacks), self.hp["sim-clamp"])
+        states = [r.arrays[wire.WEIGHTS] for r in replies]  # read-only views of the replies: never stacked whole
+        similarity = similarity_matrix(self.gram(states), self.hp["sim-clamp"])
         graph, metrics = self.solve_graph(server_round, p, similarity, replies)
 
         if self.hp["regulariser"] == "authors":
-            self.store(pids, self.references, self.authors_references(graph, stacks))
-        mixed = {key: aggregate_by_graph(graph, stacks.pop(key)) for key in list(stacks)}
-        self.store(pids, self.personal, mixed)
+            self.references.update(zip(pids, self.authors_references(graph, states)))
+        self.personal.update(zip(pids, self.mixed_records(graph, states, list(self.initial_weights))))
         self.write_block(pids, graph)
         self.num_examples.update(zip(pids, (int(v) for v in n)))
 
@@ -136,40 +129,71 @@ class FedSaCStrategy(PersonalizedStrategy):
         graph = collaboration_graph(p, similarity, complementarity, alpha, self.hp["beta"], self.hp["solver"])
         return graph, {"alpha": alpha, **graph_diagnostics(graph, p, similarity, complementarity)}
 
-    def gram(self, stacks: dict[str, np.ndarray]) -> np.ndarray:
+    def gram(self, states: list) -> np.ndarray:
         """<v_i, v_j> over all parameters, one tensor at a time (never one matrix of all parameters).
 
-        v_j = theta_j - theta(0) (``delta_init``) or theta_j (``params``). The differences are formed
-        in column blocks of at most ``GRAM_BLOCK`` values, so the temporary stays small at 1,000
-        clients; each block's float32 product ``v @ v.T`` is summed in float64, on the server device
-        (``server_device.GramSum``).
+        v_j = theta_j - theta(0) (``delta_init``) or theta_j (``params``). The rows are taken from the
+        states (the replies' views) in column blocks of at most ``GRAM_BLOCK`` values, so the temporary
+        stays small at 1,000 clients; each block's float32 product ``v @ v.T`` is summed in float64, on the
+        server device (``pairwise.row_gram``).
         """
-        n = len(next(iter(stacks.values())))
+        n = len(states)
         width = max(1, GRAM_BLOCK // n)
-        gram = server_device.GramSum(n, capacity=width * n)
         delta = self.hp["sim-vector"] == "delta_init"
-        for key, stacked in stacks.items():
-            if not is_parameter(key):
-                continue
-            flat = stacked.reshape(n, -1)
-            init = server_device.tensor(self.initial_weights[key].reshape(-1)) if delta else None
-            for start in range(0, flat.shape[1], width):
-                gram.add(flat[:, start:start + width], minus=None if init is None else init[start:start + width])
-        return gram.result()
 
-    def authors_references(self, graph: np.ndarray, stacks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """c_i = sum_j W_ij theta_j / |theta_j| for every parameter tensor (the authors' regulariser)."""
-        n = len(graph)
-        sq = sum(np.einsum("ij,ij->i", s.reshape(n, -1), s.reshape(n, -1), dtype=np.float64)
-                 for k, s in stacks.items() if is_parameter(k))
+        def blocks():
+            for key in states[0]:
+                if pairwise.is_parameter(key):
+                    flat = [np.asarray(s[key]).reshape(-1) for s in states]
+                    init = self.initial_weights[key].reshape(-1) if delta else None
+                    for start in range(0, flat[0].size, width):
+                        yield ([row[start:start + width] for row in flat],
+                               None if init is None else init[start:start + width])
+
+        return pairwise.row_gram(blocks(), n, capacity=width * n)
+
+    def mixed_records(self, weights: np.ndarray, states: list, keys: list[str]) -> list:
+        """One packed record per row i of ``weights``: sum_j W_ij theta_j of every tensor in ``keys``, computed
+        in column blocks of at most ``GRAM_BLOCK`` values (``aggregate_by_graph`` on each) and written straight
+        into the records' bytes (``wire.empty_packed``): no stack of the states and no mixed models beside
+        the records."""
+        n = len(states)
+        width = max(1, GRAM_BLOCK // n)
+        first = states[0]
+        buffers = [wire.empty_packed({k: (np.asarray(first[k]).dtype, np.asarray(first[k]).shape) for k in keys})
+                   for _ in range(len(weights))]
+        outs = block = stacked = mix = stack_buf = mix_buf = None
+        scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}  # per dtype: the stacked block, its mix
+        for key in keys:
+            flat = [np.asarray(s[key]).reshape(-1) for s in states]
+            outs = [views[key].reshape(-1) for _, views in buffers]
+            dtype, m = flat[0].dtype, len(weights)
+            if dtype not in scratch:  # reused block after block: no fresh pages per block
+                scratch[dtype] = (np.empty(n * width, dtype), np.empty(m * width, dtype))
+            stack_buf, mix_buf = scratch[dtype]
+            for start in range(0, flat[0].size, width):
+                cols = min(width, flat[0].size - start)
+                stacked = stack_buf[:n * cols].reshape(n, cols)
+                np.stack([row[start:start + width] for row in flat], out=stacked)
+                mix = mix_buf[:m * cols].reshape(m, cols) if dtype.kind == "f" else None
+                block = aggregate_by_graph(weights, stacked, mix)
+                for out, row in zip(outs, block):
+                    out[start:start + width] = row
+        del outs, block, scratch, stacked, mix, stack_buf, mix_buf  # the scratch goes before the records are made
+        records = []
+        for i in range(len(buffers)):  # each buffer goes as its record is made: never both of all of them
+            records.append(wire.packed_record(buffers[i][0]))
+            buffers[i] = None
+        return records
+
+    def authors_references(self, graph: np.ndarray, states: list) -> list:
+        """c_i = sum_j W_ij theta_j / |theta_j| for every parameter tensor (the authors' regulariser), one packed
+        record per client."""
+        keys = [k for k in states[0] if pairwise.is_parameter(k)]
+        sq = np.array([sum(float(np.dot(v, v)) for v in (np.asarray(s[k], dtype=np.float64).reshape(-1) for k in keys))
+                       for s in states])
         scaled = graph / np.sqrt(np.maximum(sq, 1e-30))[None, :]
-        return {key: aggregate_by_graph(scaled, s) for key, s in stacks.items() if is_parameter(key)}
-
-    @staticmethod
-    def store(pids: list[int], into: dict, tensors: dict[str, np.ndarray]) -> None:
-        """Pack row i of every tensor as client pids[i]'s record."""
-        for i, pid in enumerate(pids):
-            into[pid] = wire.pack_arrays({key: value[i] for key, value in tensors.items()})
+        return self.mixed_records(scaled, states, keys)
 
     def write_block(self, pids: list[int], block: np.ndarray) -> None:
         """W[pids, pids] = ``block``: row i keeps its weights to clients outside ``pids`` from earlier rounds."""
@@ -202,4 +226,3 @@ class FedSaCStrategy(PersonalizedStrategy):
             pids = list(self.clients)
             self.graph_rows = {pids[i]: (np.asarray(pids, dtype=np.int64)[np.flatnonzero(row)], row[row != 0])
                                for i, row in enumerate(np.asarray(dense)) if row.any()}
-        self._packed_initial = wire.pack_arrays(self.initial_weights)

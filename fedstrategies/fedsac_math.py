@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import entr  # server code only: loaded with the strategy, not inside its first round
 
-from fedstrategies import server_device
+from fedstrategies import pairwise
 
 
 
@@ -225,13 +225,14 @@ def graph_diagnostics(graph: np.ndarray, p: np.ndarray, similarity: np.ndarray,
 
 
 # ---------------------------------------------------------------- aggregation (Alg. 1 line 14)
-def aggregate_by_graph(graph: np.ndarray, stacked: np.ndarray) -> np.ndarray:
+def aggregate_by_graph(graph: np.ndarray, stacked: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """theta~_i = sum_j W_ij theta_j for one tensor: ``stacked`` is (n, ...) (one row per client),
     the result has the same shape, the product on the server device. Integer tensors (BatchNorm's step
-    counters) are rounded back."""
+    counters) are rounded back. ``out``: a C-contiguous (n, size) array of a float tensor's dtype that the
+    product writes into (a caller mixing column block after column block reuses one)."""
     flat = stacked.reshape(len(stacked), -1)
     if flat.dtype.kind == "f":
-        out = server_device.matmul(graph.astype(flat.dtype), flat)
+        out = pairwise.product(graph.astype(flat.dtype), flat, out)
     else:
         out = np.rint(graph @ flat.astype(np.float64)).astype(flat.dtype)
     return out.reshape(stacked.shape)

@@ -37,8 +37,7 @@ class FeSEMStrategy(PersonalizedStrategy):
         self._reset()
 
     def _reset(self) -> None:
-        self._packed: dict[int | None, object] = {}
-        self._default: int | None = None
+        self._default: int | None = None  # the centre nearest the initial model, once computed
 
     def centre_of(self, pid: int) -> int | None:
         """The centre client ``pid`` gets: its own, or the one nearest the initial model; None before
@@ -52,10 +51,9 @@ class FeSEMStrategy(PersonalizedStrategy):
         return self._default
 
     def model_record(self, pid: int):
-        k = self.centre_of(pid)
-        if k not in self._packed:  # k None: the initial model, before the first centres
-            self._packed[k] = wire.pack_arrays(self.initial_weights if k is None else self.centres[k])
-        return self._packed[k]
+        k = self.centre_of(pid)  # None: the initial model, before the first centres
+        return self.packed(("centre", k), lambda: wire.pack_arrays(self.initial_weights if k is None
+                                                                   else self.centres[k]))
 
     def train_payload(self, pid, server_round):
         return {wire.WEIGHTS: self.model_record(pid)}

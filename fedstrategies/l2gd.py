@@ -62,7 +62,6 @@ class L2GDStrategy(FedAvgStrategy):
 
     def aggregate(self, server_round, replies):
         self.global_weights = weighted_average((r.arrays[wire.WEIGHTS] for r in replies), [1.0] * len(replies))
-        self._packed = None
         m, k = round_schedule(self.cfg["seed"], server_round, self.hp["p"])
         return {METRIC_AVERAGING_STEPS: m, METRIC_LOCAL_STEPS: k}
 

@@ -29,7 +29,7 @@ from fedcore.config import ConfigError
 from fedcore.methods.mupfl import FEATURES, GRADIENTS, HAS_FEATURES, MAPS, START_HEAD
 from fedcore.models import HEAD_PREFIX, bavd_map_shapes, one_torch_thread, seeded_model
 from fedstrategies import mupfl_math as mm
-from fedstrategies import server_device
+from fedstrategies import pairwise, server_device
 from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.federated_features import average_class_gradients, match_features
@@ -69,20 +69,14 @@ class MuPFLStrategy(PersonalizedStrategy):
                          if self.hp["pkcf"] else np.zeros((0, d), np.float32))
         self.has_features = False
         self.trained: set[int] = set()  # clients that sent a valid train reply (they keep a model)
-        self._packed = None
-        self._packed_features = None
         if self.hp["acmu"]:
             mm.load_clustering()  # scikit-learn at start-up, not in the first clustered round
 
     # ------------------------------------------------------------------ down
     def _payload(self, with_features: bool) -> dict:
-        if self._packed is None:
-            self._packed = wire.pack_arrays(self.global_weights)
-        payload = {wire.WEIGHTS: self._packed}
+        payload = {wire.WEIGHTS: self.packed("global", lambda: wire.pack_arrays(self.global_weights))}
         if with_features:
-            if self._packed_features is None:
-                self._packed_features = wire.pack_arrays({wire.FEATURES: self.features})
-            payload[FEATURES] = self._packed_features
+            payload[FEATURES] = self.packed("features", lambda: wire.pack_arrays({wire.FEATURES: self.features}))
         return payload
 
     def _config(self, server_round: int, with_features: bool) -> dict:
@@ -135,25 +129,26 @@ class MuPFLStrategy(PersonalizedStrategy):
     def _update_gram(self, replies) -> np.ndarray:
         """<dw_i, dw_j> over all trainable tensors (BN buffers excluded), dw_i = w_i - w_i^start,
         one tensor at a time so that no (clients x parameters) matrix is ever formed; the products on the
-        server device (``server_device.GramSum``)."""
+        server device (``pairwise.row_gram``)."""
         m = len(replies)
-        gram = server_device.GramSum(m, capacity=m * max(self.global_weights[k].size for k in self.param_keys))
         pretrained = self.heads_pretrained(replies)
-        for key in self.param_keys:
-            rows = [r.arrays[wire.WEIGHTS][key].reshape(-1) for r in replies]
-            if pretrained and key in self.head_keys:
-                start = server_device.tensor(np.stack([r.arrays[START_HEAD][key].reshape(-1) for r in replies]))
-            else:
-                start = server_device.tensor(self.global_weights[key].reshape(-1))
-            gram.add(rows, minus=start)
-        return gram.result()
+
+        def blocks():
+            for key in self.param_keys:
+                rows = [r.arrays[wire.WEIGHTS][key].reshape(-1) for r in replies]
+                if pretrained and key in self.head_keys:
+                    yield rows, np.stack([r.arrays[START_HEAD][key].reshape(-1) for r in replies])
+                else:
+                    yield rows, self.global_weights[key].reshape(-1)
+
+        return pairwise.row_gram(blocks(), m, capacity=m * max(self.global_weights[k].size for k in self.param_keys))
 
     def _map_gram(self, replies) -> np.ndarray | None:
         if not self.map_shapes:
             return None
         rows = np.stack([np.concatenate([r.arrays[MAPS][str(i)].reshape(-1) for i in range(len(self.map_shapes))])
                          for r in replies]).astype(np.float64)
-        return server_device.matmul(rows, rows.T)
+        return pairwise.product(rows, rows.T)
 
     def cluster(self, server_round: int, replies) -> mm.Clustering:
         """ACMU's clusters of this round's clients; without ACMU every client is alone."""
@@ -184,7 +179,6 @@ class MuPFLStrategy(PersonalizedStrategy):
         if self.buffer_keys:  # BN running statistics: sample-weighted mean (PROPOSED)
             new.update(weighted_average(({k: w[k] for k in self.buffer_keys} for w in weights), n))
         self.global_weights = {k: new[k] for k in self.global_weights}
-        self._packed = None
         self.record_matrix("clusters", np.array([[r.pid for r in replies], clustering.labels.tolist()]))
         metrics = {"clusters": clustering.count, "silhouette": clustering.silhouette}
         if self.hp["pkcf"]:
@@ -199,7 +193,6 @@ class MuPFLStrategy(PersonalizedStrategy):
             return {"match-loss-before": 0.0, "match-loss": 0.0}
         self.features, before, after = matched
         self.has_features = True
-        self._packed_features = None
         return {"match-loss-before": before, "match-loss": after}
 
     def matched_features(self, gradients, v_ref: dict[str, np.ndarray]) -> tuple[np.ndarray, float, float] | None:
@@ -218,8 +211,3 @@ class MuPFLStrategy(PersonalizedStrategy):
                                            torch.from_numpy(reported).to(device), weight, bias, self.hp["match-steps"],
                                            self.hp["match-lr"], self.hp["match-optimizer"])
         return server_device.to_host(features), before, after
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._packed = self._packed_features = None
-

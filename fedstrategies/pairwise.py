@@ -1,11 +1,13 @@
 """Pairwise maths over clients' models: Gram matrices, cosines, squared distances, mixing.
 
-Every function works on model states (``{state-dict key: array}``) and forms each result as a sum
-of matrix products over the tensors, in column blocks, so that no Python loop runs over pairs and
-no stack of all parameters of all clients is ever built. FedAMP (distances, mixing), CFL (cosines
-of updates) and FeSEM (distances to centres) use it; FedSaC's and MuPFL's Gram matrices and
-cosines (``fedsac.FedSaCStrategy.gram``, ``fedsac_math.similarity_matrix``,
-``mupfl_math.cosine_matrix``) compute the same things.
+The server's one path for these products: every strategy forms them here, and no other strategy module calls
+``server_device``'s products (``tests/test_pairwise.py`` checks; MuPFL's feature matching only places its own
+training on the server device). Model states (``{state-dict key: array}``): each result is a sum of matrix products over
+the tensors, in column blocks, so that no Python loop runs over pairs and no stack of all parameters of all
+clients is ever built (FedAMP's distances and mixing, CFL's cosines of updates, FeSEM's distances to
+centres). Rows already stacked by tensor (``row_gram``, ``gram_rows``, ``product``, ``gram_and_mix``):
+FedSaC's and pFedGraph's similarity Gram matrix and mixing W @ Theta, MuPFL's update and map Gram
+matrices, FedMCSA's attention and mixing.
 
 Two shortcuts keep a round at 1,000 clients cheap without changing any result beyond float rounding:
 
@@ -26,7 +28,7 @@ paths (a few vectors, few weights) stay numpy: O(n d) passes over host memory, b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -266,3 +268,45 @@ def _gemm_mix(w32: np.ndarray, states: Sequence[State], key: str, size: int, dty
         block = upload.rows([np.asarray(s[key]).reshape(-1)[start:stop] for s in states])
         result[:, start:stop] = server_device.to_host(server_device.product(w, block))
     return result
+
+
+# ---------------------------------------------------------------- rows stacked by tensor
+Block = tuple[Sequence[np.ndarray] | np.ndarray, np.ndarray | None]  # a column block's rows and reference
+
+
+def row_gram(blocks: Iterable[Block], n: int, capacity: int) -> np.ndarray:
+    """G = sum_b (A_b - m_b)(A_b - m_b)^T over column blocks of n rows, each given as (its n rows of values, the
+    reference m_b: one row subtracted from every row, one row per row, or None), each block's float32 product
+    summed in float64 on the server device; ``capacity``: the most values a block holds (one upload buffer)."""
+    out = server_device.GramSum(n, capacity=capacity)
+    for rows, minus in blocks:
+        out.add(rows, minus=None if minus is None else server_device.tensor(minus))
+    return out.result()
+
+
+def gram_rows(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """X X^T of the rows of ``x`` on the server device in ``dtype`` (a torch dtype's name; None: x's own), as
+    float64 (one upload: no transposed copy)."""
+    import torch
+
+    return server_device.gram(np.asarray(x), None if dtype is None else getattr(torch, dtype))
+
+
+def product(left: np.ndarray, right: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """left @ right on the server device in the arrays' own dtype: the mixing W @ Theta of whole stacked
+    tensors (FedSaC, pFedGraph) and products of small matrices; ``out``: a host array to write it into."""
+    return server_device.matmul(left, right, out)
+
+
+def gram_and_mix(x: np.ndarray, weights_of: Callable[[np.ndarray | None], np.ndarray],
+                 gram_dtype: str | None = "float64") -> tuple[np.ndarray, np.ndarray]:
+    """(W, W @ X) with one upload of the rows of ``x``: W = ``weights_of(X X^T)``, the Gram matrix formed on the
+    server device in ``gram_dtype`` (returned as float64), or ``weights_of(None)`` when ``gram_dtype`` is None
+    (weights that need no Gram matrix); the mixing product in x's dtype."""
+    import torch
+
+    on_device = server_device.put(x)
+    g = None if gram_dtype is None else server_device.gram(on_device, getattr(torch, gram_dtype))
+    w = weights_of(g)
+    mixed = server_device.to_host(server_device.product(server_device.put(w.astype(x.dtype)), on_device))
+    return w, mixed

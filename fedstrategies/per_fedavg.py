@@ -21,4 +21,3 @@ class PerFedAvgStrategy(FedAvgStrategy):
 
     def aggregate(self, server_round, replies):
         self.global_weights = weighted_average((r.arrays[wire.WEIGHTS] for r in replies), [1.0] * len(replies))
-        self._packed = None

@@ -54,5 +54,4 @@ class PFedMeStrategy(FedAvgStrategy):
             return {"senders": 0}
         mean = weighted_average((r.arrays[wire.WEIGHTS] for r in sent), [1.0] * len(sent))
         self.global_weights = beta_mix(self.global_weights, mean, self.hp["beta"])
-        self._packed = None
         return {"senders": len(sent)}

@@ -37,17 +37,15 @@ class PFedPMStrategy(PersonalizedStrategy):
         self.class_ids = np.zeros(0, np.int64)
         self.features: np.ndarray | None = None  # None until the first aggregation: G is empty
         self.counts = np.zeros(0, np.int64)
-        self._packed = None
         self._n_classes = {pid: int(np.count_nonzero(info.train_label_counts)) for pid, info in self.clients.items()}
 
     # ------------------------------------------------------------------ down
     def train_payload(self, pid, server_round):
         if self.features is None:  # round 1: nothing to send, the flag says so
             return {}
-        if self._packed is None:  # one record shared by every client: packed and counted once
-            self._packed = wire.pack_arrays({wire.CLASS_IDS: self.class_ids, wire.FEATURES: self.features},
-                                            compact=True)
-        return {GLOBAL_FEATURES: self._packed}
+        # one record shared by every client: packed and counted once
+        return {GLOBAL_FEATURES: self.packed("global-features", lambda: wire.pack_arrays(
+            {wire.CLASS_IDS: self.class_ids, wire.FEATURES: self.features}, compact=True))}
 
     def train_config(self, pid, server_round):
         return {HAS_GLOBAL: self.features is not None}
@@ -72,9 +70,4 @@ class PFedPMStrategy(PersonalizedStrategy):
         reported = len(new[0])
         old = None if self.features is None else (self.class_ids, self.features, self.counts)
         self.class_ids, self.features, self.counts = merge_class_features(new, old)
-        self._packed = None
         return {"classes-reported": reported, "global-classes": len(self.class_ids)}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._packed = None

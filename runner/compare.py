@@ -79,6 +79,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tomllib
 import time
 from pathlib import Path
 
@@ -202,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.preset is None:
         parser.error("a preset is needed (or --rerender DIR)")
+    if args.preset.suffix == ".toml" and "study" in tomllib.loads(args.preset.read_text()):  # a study across tables
+        from runner import study  # built from their committed runs: nothing runs
+
+        print(study.build(args.preset, args.app.resolve(), argv, args.allow_dirty))
+        return 0
     preset = load_preset(args.preset)
     if args.tracker:
         preset.setdefault("run-config", {})["tracker"] = args.tracker

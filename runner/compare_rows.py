@@ -113,14 +113,19 @@ def aggregate_row(label: str, summaries: list[dict], accuracy: str | None = None
 
 def rounds_to_target(rounds_csv: Path | list[dict], column: str, target: float) -> int | None:
     """The first round whose ``column`` (an accuracy in [0, 1]) reaches ``target``; None if none
-    does. Rounds are counted as logged, so with ``eval-every`` > 1 it is the first evaluated one.
+    does. Rounds are counted as logged, so with ``eval-every`` > 1 it is the first evaluated one; a round that
+    evaluated a sample of the clients (``sampled_eval``) is not counted: a lucky sample is not the federation.
     ``rounds_csv``: a rounds.csv, or its rows (the per-run data's)."""
+    from server_app.results import SAMPLED_EVAL
+
     if isinstance(rounds_csv, list):
         rows = rounds_csv
     else:
         with open(rounds_csv) as f:
             rows = list(csv.DictReader(f))
     for row in rows:
+        if row.get(SAMPLED_EVAL) not in (None, ""):
+            continue
         value = row.get(column)
         if value not in (None, "") and float(value) >= target - 1e-12:
             return int(row["round"])

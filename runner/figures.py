@@ -321,6 +321,81 @@ def write_figures(out: Path, preset: dict, labels: list[str] | None = None, seed
     return [p for p in written if p is not None]
 
 
+# ---------------------------------------------------------------- a study across caps (runner/study.py)
+def _cap_axis(ax, points) -> None:
+    """Log x axis of training samples per client, ticked at each cap (the no-cap point by its samples)."""
+    ax.set_xscale("log")
+    ax.set_xticks([p.samples for p in points], [str(p.cap) if p.cap else f"no cap\n({p.samples:,.0f})" for p in points])
+    ax.minorticks_off()
+    ax.set_xlabel("training samples per client (cap; mean where the cap is above a client's data)")
+    ax.grid(alpha=0.3)
+
+
+def plot_accuracy_vs_samples(points, study: dict, path: Path) -> Path:
+    """Each row's headline (mean over seeds) against the training samples per client, one line per row, with the
+    paired 95% interval of its difference to local drawn around its mean at each cap; the paper methods bold."""
+    import matplotlib.pyplot as plt
+
+    from runner.study import difference, reference_of
+
+    spec = study["study"]
+    fig, ax = plt.subplots(figsize=(10, 6.5), layout="constrained")
+    for i, label in enumerate(spec["rows"]):
+        at = [p for p in points if label in p.values]
+        if not at:
+            continue
+        x = np.array([p.samples for p in at])
+        y = np.array([100 * np.mean(list(p.values[label].values())) for p in at])
+        half = [((d["hi"] - d["lo"]) / 2 if (d := difference(p, label, reference_of(label, study))) is not None
+                 and d["n"] >= 2 else 0.0) for p in at]
+        look = style(i)
+        bold = label in spec["paper"]
+        ax.errorbar(x, y, yerr=half, label=label, color=look["color"], linestyle=look["linestyle"],
+                    marker=look["marker"], linewidth=2.6 if bold else 1.0, markersize=7 if bold else 4, capsize=3,
+                    zorder=3 if bold else 2)
+    _cap_axis(ax, points)
+    ax.set_ylabel(f"test accuracy at the best-validation round, {spec.get('metric', 'client mean')} (%)")
+    ax.set_title("accuracy against the data a client holds (bars: paired 95% interval against local; "
+                 "paper methods bold)", fontsize=10)
+    ax.legend(fontsize=8, ncol=2, loc="best")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_gains_vs_cap(points, study: dict, path: Path) -> Path:
+    """Each paper method minus local (its own reference) and minus the best baseline at each cap, with the paired
+    95% intervals, 0 drawn: where a gain appears."""
+    import matplotlib.pyplot as plt
+
+    from runner.study import best_baseline, difference, reference_of
+
+    spec = study["study"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True, layout="constrained")
+    for ax, title in zip(axes, ("minus local", "minus the best baseline at that cap")):
+        for i, label in enumerate(spec["paper"]):
+            diffs = [(p, difference(p, label, reference_of(label, study) if ax is axes[0] else best_baseline(p, study)))
+                     for p in points]
+            diffs = [(p, d) for p, d in diffs if d is not None]
+            if not diffs:
+                continue
+            x = np.array([p.samples for p, _ in diffs]) * (1 + 0.03 * (i - len(spec["paper"]) / 2))  # apart
+            y = np.array([d["mean"] for _, d in diffs])
+            err = np.array([[d["mean"] - d["lo"], d["hi"] - d["mean"]] if d["n"] >= 2 else [0.0, 0.0]
+                            for _, d in diffs]).T
+            look = style(i)
+            ax.errorbar(x, y, yerr=err, label=label, color=look["color"], marker=look["marker"], linewidth=2,
+                        capsize=3)
+        ax.axhline(0.0, color="black", linewidth=1)
+        _cap_axis(ax, points)
+        ax.set_title(title, fontsize=10)
+    axes[0].set_ylabel("paper method minus row (points; paired 95% interval over seeds)")
+    axes[0].legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", type=Path, nargs="+", help="comparison folders (preset.json and runs/)")

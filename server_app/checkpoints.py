@@ -46,7 +46,10 @@ _NONFINITE = ("nan", "inf", "-inf")  # repr() of the floats JSON cannot hold
 # elsewhere; the checkpoint was found in the folder it names, so it is the same run)
 RESUMABLE_CHANGES = {"resume", "overwrite", "results-dir", "num-server-rounds", "round-timeout", "node-wait-s", "device",
                      "server-device", "deterministic", "client-threads", "checkpoint-keep", "eval-every", "plots",
-                     "tracker", "tracker-every", "tracker-group"}
+                     "tracker", "tracker-every", "tracker-group",
+                     # which clients evaluate between the eval-every rounds: training is the same either way, and a
+                     # run checkpointed before these keys existed resumes
+                     "fraction-evaluate", "min-evaluate-clients"}
 
 
 class CheckpointError(Exception):

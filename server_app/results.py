@@ -8,6 +8,9 @@ With a validation split (``val-fraction`` > 0) every evaluated round also has th
 on it, and the summary picks its round on validation: ``test_acc_at_best_val`` is the test accuracy
 of the round best on validation, the number to compare methods by. ``best_acc`` stays what it always
 was, the best test accuracy over the rounds (best-of-test: optimistic, chosen on the test split).
+
+A round that evaluated only a sample of the clients (``fraction-evaluate`` < 1) has the sample's size in
+``sampled_eval``; every accuracy of the summary comes from the other, complete rounds (``complete_rounds``).
 """
 
 from __future__ import annotations

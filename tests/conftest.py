@@ -59,6 +59,15 @@ SMALL_MUPFL = {"mupfl.features-per-class": 8, "mupfl.head-epochs": 2, "mupfl.mat
 SMALL_CREFF = {"creff.features-per-class": 8, "creff.match-steps": 5, "creff.retrain-epochs": 2}
 
 
+def long_but(values, fast) -> list:
+    """``values`` as parameters of one test, each one not in ``fast`` marked ``long``: the fast suite runs the
+    few that take each path of the rule (``make test`` stays fast), ``make test-long`` runs them all."""
+    unknown = set(fast) - set(values)
+    if unknown:
+        raise ValueError(f"long_but: {sorted(unknown)} are not among the parameters")
+    return [value if value in fast else pytest.param(value, marks=pytest.mark.long) for value in values]
+
+
 def small_config(tmp_path, **overrides) -> dict:
     """A tiny but real setting: digits, 2 classes per client, 2 rounds, one torch thread, plain SGD."""
     config = {

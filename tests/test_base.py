@@ -70,6 +70,30 @@ def test_a_strategy_cannot_replace_the_config_record_or_its_base_keys(tmp_path):
             cls(cfg, fake_clients(2), facts).configure_train(1, ArrayRecord(), ConfigRecord(), None)
 
 
+def test_clients_with_the_same_config_and_payload_share_one_content_and_the_others_get_their_own():
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedcore.models import model_facts
+    from fedstrategies.fedavg import FedAvgStrategy
+    from tests.fakes import fake_clients
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them (as the grid's)
+    cfg = Config.from_run_config({"method": "fedavg", "dataset": "digits"})
+    facts = model_facts("dnn", (64,), 10, 0)
+    msgs = list(FedAvgStrategy(cfg, fake_clients(4), facts).configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    assert len({m.metadata.dst_node_id for m in msgs}) == 4 and len({id(m.content) for m in msgs}) == 1
+
+    class PerClient(FedAvgStrategy):
+        def train_config(self, pid, server_round):
+            return {"parity": pid % 2, "list": [1.0, 2.0]}
+
+    msgs = list(PerClient(cfg, fake_clients(4), facts).configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    assert len({id(m.content) for m in msgs}) == 2
+    node_parity = {m.metadata.dst_node_id: m.content[wire.CONFIG]["parity"] for m in msgs}
+    strategy_pids = PerClient(cfg, fake_clients(4), facts)
+    assert node_parity == {strategy_pids.node_of[pid]: pid % 2 for pid in strategy_pids.clients}
+
+
 def test_fedproto_says_explicitly_whether_prototypes_come_with_the_message(tmp_path):
     _, grid = _run(tmp_path, method="fedproto", **{"num-server-rounds": 2})
     train = [m for m in grid.sent if m.metadata.message_type == "train"]

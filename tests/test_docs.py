@@ -111,3 +111,19 @@ def test_the_invariant_audit_finds_a_renamed_test_and_a_letter_without_a_legend(
     rows, missing = invariant_citations(page, tmp_path)
     assert rows == [(1, "test_kept"), (1, "test_renamed"), (2, "test_kept"), (2, "test_kept")]
     assert missing == ["A::test_renamed", "B::test_kept (no legend for B)"]
+
+
+def test_the_guide_to_adding_a_method_lists_every_hook_of_the_strategy_base():
+    """docs/adding-a-method.md's hook table names every hook a strategy may override: the methods of the
+    "hooks for methods" section of fedstrategies/base.py."""
+    import ast
+
+    source = (ROOT / "fedstrategies" / "base.py").read_text()
+    section = source[source.index("# " + "=" * 65 + " hooks for methods"):source.index("helpers for methods")]
+    hooks = [node.name for node in ast.parse("class Hooks:\n" + section).body[0].body
+             if isinstance(node, ast.FunctionDef)]
+    assert len(hooks) >= 15 and "reference_norm" in hooks, hooks
+    guide = (ROOT / "docs" / "adding-a-method.md").read_text()
+    table = [line for line in guide.splitlines() if line.strip().startswith("| `")]
+    named = set(re.findall(r"`(\w+)`", " ".join(line.split("|")[1] for line in table)))
+    assert not set(hooks) - named, sorted(set(hooks) - named)

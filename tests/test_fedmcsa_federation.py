@@ -85,6 +85,7 @@ def test_inprocess_default_run_uses_the_default_variant_everywhere(inprocess):
     assert summary["dropped_replies"] == 0
 
 
+@pytest.mark.long  # two 8-round runs of 10 clients on mnist5k: a number from a size, not a rule; make test-long
 def test_issue_28_check_fedmcsa_alone_ends_5_points_above_fedavg_on_mnist5k_pairs(inprocess):
     """`method='fedmcsa'` with no other option (its paper setting and default variant) against `method='fedavg'`
     alone, on the same split: mnist5k, pairs, 10 clients, 8 rounds, seed 1 (docs/papers/fedmcsa.md measured

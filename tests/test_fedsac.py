@@ -401,7 +401,9 @@ def test_partial_participation_changes_only_the_sampled_block():
         changed = any(not np.array_equal(now[k], before_personal[pid][k]) for k in now)
         assert changed == (pid in second), pid
     never = sorted(set(range(50)) - set(first) - set(second))[0]
-    assert strategy.personal_record(never) is strategy._packed_initial  # unseen clients get theta(0)
+    theta0 = strategy.personal_record(never)  # unseen clients get theta(0), one record packed once
+    assert theta0 is strategy.personal_record(never) and all(
+        np.array_equal(v, strategy.initial_weights[k]) for k, v in wire.unpack_arrays(theta0).items())
     assert strategy.train_config(never, 3) == {REGULARISER: "off"}
     assert strategy.train_config(second[0], 3) == {REGULARISER: "paper"}
 

@@ -25,7 +25,8 @@ from fedcore.methods.fedsac import (AGGREGATED_ACC, BASIS, COS_TO_RECEIVED, LOCA
 from fedcore.models import ModelFacts, seeded_model
 from fedstrategies import fedsac as fedsac_module
 from fedstrategies.base import ClientReply
-from fedstrategies.fedsac import FedSaCStrategy, is_parameter
+from fedstrategies.fedsac import FedSaCStrategy
+from fedstrategies.pairwise import is_parameter
 from fedstrategies.fedsac_math import (aggregate_by_graph, alpha_at, collaboration_graph, column_cosines,
                                        complementarity_matrix, graph_diagnostics, greedy_column_angles, principal_angles,
                                        project_rows_to_simplex, qp_objective, qp_targets, similarity_matrix,
@@ -551,15 +552,41 @@ def test_gram_in_column_blocks_equals_one_product(monkeypatch):
                                for _ in range(4)]) for k, v in weights.items()}
         init = np.concatenate([weights[k].ravel() for k in ("a", "b")]) if sim_vector == "delta_init" else 0
         v = np.stack([np.concatenate([stacks[k][i].ravel() for k in ("a", "b")]) for i in range(4)]) - init
-        whole = strategy.gram(stacks)
+        states = [{k: stacks[k][i] for k in stacks} for i in range(4)]  # as the replies' views come
+        whole = strategy.gram(states)
         np.testing.assert_allclose(whole, v @ v.T, rtol=1e-5)
         monkeypatch.setattr(fedsac_module, "GRAM_BLOCK", 12)  # 3 columns a block at n = 4
-        np.testing.assert_allclose(strategy.gram(stacks), v @ v.T, rtol=1e-5)
+        np.testing.assert_allclose(strategy.gram(states), v @ v.T, rtol=1e-5)
         monkeypatch.setattr(fedsac_module, "GRAM_BLOCK", 2)  # fewer values than clients: 1 column a block
-        np.testing.assert_allclose(strategy.gram(stacks), v @ v.T, rtol=1e-5)
+        np.testing.assert_allclose(strategy.gram(states), v @ v.T, rtol=1e-5)
         monkeypatch.undo()
-        for k in stacks:  # the stacks are not changed in place
-            assert stacks[k].shape[0] == 4
+        before = {k: stacks[k].copy() for k in stacks}
+        strategy.gram(states)
+        for k in stacks:  # the states are not changed in place
+            np.testing.assert_array_equal(stacks[k], before[k])
+
+
+def test_mixing_in_column_blocks_writes_each_clients_record_as_one_product(monkeypatch):
+    """theta~_i = sum_j W_ij theta_j, written block by block into each client's packed record, equals the
+    whole product, for block edges inside every tensor; integer counters are rounded back."""
+    rng = np.random.default_rng(17)
+    weights = {"a": rng.standard_normal((5, 3)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32),
+               "c.num_batches_tracked": np.array(4, np.int64)}
+    strategy = tiny_strategy(4, weights=weights)
+    states = [{k: (v + rng.standard_normal(v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v + i
+               for k, v in weights.items()} for i in range(4)]
+    w = rng.dirichlet(np.ones(4), size=4)
+    for block in (1 << 24, 12, 2):
+        monkeypatch.setattr(fedsac_module, "GRAM_BLOCK", block)
+        records = strategy.mixed_records(w, states, list(weights))
+        for i, record in enumerate(records):
+            got = wire.unpack_arrays(record)
+            for k, v in weights.items():
+                expected = sum(w[i, j] * states[j][k].astype(np.float64) for j in range(4))
+                if v.dtype.kind != "f":
+                    expected = np.rint(expected)
+                assert got[k].dtype == v.dtype and got[k].shape == v.shape
+                np.testing.assert_allclose(got[k], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_strategy_passes_clamp_angles_and_alpha_schedule_options_to_the_math():
@@ -623,7 +650,9 @@ def test_messages_carry_theta0_then_the_mixed_model_and_the_regulariser_mode():
         assert strategy.evaluate_payload(pid, 2)[wire.WEIGHTS] is strategy.personal[pid]
         assert strategy.train_config(pid, 2) == {REGULARISER: "paper"}
     assert strategy.train_config(1, 2) == {REGULARISER: "off"}
-    assert strategy.personal_record(1) is strategy._packed_initial
+    theta0 = strategy.personal_record(1)  # theta(0), one record packed once
+    assert theta0 is strategy.personal_record(1) and all(
+        np.array_equal(v, strategy.initial_weights[k]) for k, v in wire.unpack_arrays(theta0).items())
     assert strategy.references == {}  # the paper's regulariser needs no reference
 
 

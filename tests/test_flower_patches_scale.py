@@ -5,69 +5,15 @@ makes per message at two federation sizes, with and without the patch (without i
 from __future__ import annotations
 
 import threading
-from queue import Queue
 
 import pytest
-from flwr.app import ConfigRecord, Message, RecordDict
-from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
-from flwr.server.superlink.fleet.vce.vce_api import _register_nodes, add_messages_to_queue
-from flwr.server.superlink.linkstate import LinkStateFactory
-from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
-from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
-from flwr.supercore.object_store import ObjectStoreFactory
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
-from flwr.superlink.federation import NoOpFederationManager
-from flwr.superlink.grid import InMemoryGrid
 
+from flwr.app import Message, RecordDict
+
+from benchmarks.flower_patches_cost import Federation
 from fedcore import flower_patches
 from fedcore.flower_patches import FlowerMismatch
 from server_app import nodes
-
-
-class Federation:
-    """Flower's simulation state with ``n`` registered nodes and a run, as ``flwr-simulation`` builds it, and
-    a count of the checks of stored messages Flower makes (``_check_stored_messages``, one per id)."""
-
-    def __init__(self, n: int, patched: bool):
-        factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
-        self.mapping = _register_nodes(n, factory)
-        self.state = factory.state()
-        run = Run.create_empty(run_id=7)
-        run.primary_task_id, run.federation_id = 11, NOOP_FEDERATION_ID
-        self.state.run_ids[run.run_id] = RunRecord(run=run)
-        self.state.task_store[11] = Task(task_id=11, run_id=run.run_id)
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run.run_id, 1, 11
-        self.grid = InMemoryGrid(state_factory=factory)
-        self.grid.set_run(run)
-        self.checks = 0
-        flower_check = self.state._check_stored_messages
-
-        def counted(message_ids, run_id=None):
-            self.checks += len(message_ids)
-            return flower_check(message_ids, run_id)
-
-        self.state._check_stored_messages = counted
-        if patched:
-            assert flower_patches.indexed_message_ins(self.state)
-
-    def send(self, node_ids) -> list[str]:
-        return list(self.grid.push_messages(
-            [Message(RecordDict({"c": ConfigRecord({"x": 1})}), dst_node_id=n, message_type="train", group_id="1")
-             for n in node_ids]))
-
-    def mover_pass(self) -> list[Message]:
-        """One pass of Flower's own message mover (``vce_api.add_messages_to_queue``) over every node."""
-        stop, queue = threading.Event(), Queue()
-        stop.wait = lambda timeout=None: stop.set()  # one pass, then the loop ends
-        add_messages_to_queue(self.state, queue, self.mapping, stop)
-        return [queue.get_nowait() for _ in range(queue.qsize())]
-
-    def reply(self, messages) -> None:
-        for m in messages:
-            reply = Message(RecordDict(), reply_to=m)
-            reply.metadata.__dict__["_message_id"] = f"r-{m.metadata.message_id}"
-            self.state.store_message_res(reply)
 
 
 def _mover_checks_per_message(n: int, patched: bool) -> float:

@@ -70,7 +70,6 @@ def test_flwr_run_keeps_client_state_and_repeats_exactly_with_the_same_seed(tmp_
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_the_fast_runtime_gives_stock_flowers_results(tmp_path):
     """The fast runtime is the launcher's default because it changes when waits end, never what is computed:
     the same run on Flower as shipped (runtime='flower', no patch applied) ends with the very same numbers."""
@@ -84,14 +83,17 @@ def test_the_fast_runtime_gives_stock_flowers_results(tmp_path):
     assert fast == stock
 
 
-def test_a_failing_server_app_is_reported_as_failed(tmp_path):
-    """flwr run exits 0 here; the launcher must still see the failure. A bad config is refused before
-    anything starts; a run to resume whose checkpoints folder holds no readable checkpoint passes that
-    check and fails inside the ServerApp."""
+def test_a_bad_config_is_refused_before_flwr_run_starts():
     from fedcore.config import ConfigError
 
     with pytest.raises(ConfigError, match="num-server-rounds"):
         simulate({"method": "fedavg", "num-server-rounds": 0}, supernodes=2, app_dir=ROOT)
+
+
+@pytest.mark.long  # a second real flwr run (Ray, a SuperLink): make test-long
+def test_a_failing_server_app_is_reported_as_failed(tmp_path):
+    """flwr run exits 0 here; the launcher must still see the failure: a run to resume whose checkpoints
+    folder holds no readable checkpoint passes the config check and fails inside the ServerApp."""
     (tmp_path / "bad" / "checkpoints").mkdir(parents=True)
     result = simulate({"method": "fedavg", "dataset": "digits", "num-server-rounds": 1, "resume": True,
                        "results-dir": str(tmp_path), "run-name": "bad"},

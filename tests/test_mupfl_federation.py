@@ -67,7 +67,8 @@ def test_client_state_keeps_maps_and_counters_across_rounds_and_metrics_reach_ro
     from clients.base import load_client_data
     from fedcore.config import Config
 
-    cfg = Config.from_run_config({**SMALL, "method": "mupfl", "dataset": "digits", "batch-size": 16})
+    cfg = Config.from_run_config({**SMALL, "method": "mupfl", "dataset": "digits", "batch-size": 16,
+                                  "val-fraction": 0.0})  # as the run (small_config)
     for context in grid.contexts.values():
         maps = wire.unpack_arrays(context.state.array_records[BAVD_MAPS])
         assert list(maps) == ["0", "1"] and tuple(maps["0"].shape) == (8, 8) and tuple(maps["1"].shape) == (4, 4)

@@ -260,3 +260,26 @@ def test_mix_of_many_models_with_a_few_non_zero_weights():
         np.testing.assert_allclose(got["w"], expected["w"], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got["b"], expected["b"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[0]["w"], base[0]["w"], rtol=1e-6)
+
+
+def test_pairwise_alone_forms_the_servers_products_on_the_server_device():
+    """One path for Gram matrices, distances and mixing: no strategy module reaches the server device's products
+    (``GramSum``, ``matmul``, ``gram``, ``product``, ``put``, ``tensor``, ``Uploader``) but through this module.
+    Placing a method's own training on the device (MuPFL's feature matching: ``current``, ``to_host``) is no
+    pairwise product."""
+    import ast
+    from pathlib import Path
+
+    placement = {"current", "to_host"}
+    package = Path(pairwise.__file__).parent
+    found = []
+    for path in sorted(package.glob("*.py")):
+        if path.name in ("pairwise.py", "server_device.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "fedstrategies.server_device":
+                found.append(f"{path.name}: from fedstrategies.server_device import ...")
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "server_device" and node.attr not in placement):
+                found.append(f"{path.name}:{node.lineno}: server_device.{node.attr}")
+    assert not found, found

@@ -315,9 +315,22 @@ def test_lambda_zero_makes_body_and_head_independent_of_the_global_features(tmp_
     assert not _same(model_c, model_d)  # with the regulariser on, G moves the body
 
 
-def test_uploaded_features_equal_the_brute_force_class_means(tmp_path, inprocess, device):
-    hook, log = _spy()
-    summary, grid = inprocess(faults=hook, **PFEDPM)
+@pytest.fixture(scope="module")
+def spied(tmp_path_factory) -> dict:
+    """pFedPM's 3-round run of 3 clients, plain and with heterogeneous clients (pFedPM-mh), each run once for the
+    module with every (request, reply) pair recorded: name -> (summary, grid, log)."""
+    from tests.conftest import run_inprocess
+
+    base, runs = tmp_path_factory.mktemp("pfedpm"), {}
+    for name, extra in (("plain", {}), ("mh", {"pfedpm.heterogeneous": True})):
+        hook, log = _spy()
+        summary, grid = run_inprocess(base, 3, hook, **PFEDPM, **{"num-server-rounds": 3, "run-name": name, **extra})
+        runs[name] = (summary, grid, log)
+    return runs
+
+
+def test_uploaded_features_equal_the_brute_force_class_means(tmp_path, spied, device):
+    summary, grid, log = spied["plain"]
     cfg = Config.from_run_config(small_config(tmp_path, **PFEDPM))
     last_train = [(m, r) for m, r in log if m.metadata.message_type == "train"][-3:]
     for msg, reply in last_train:
@@ -338,9 +351,8 @@ def test_uploaded_features_equal_the_brute_force_class_means(tmp_path, inprocess
 
 
 # ------------------------------------------------------------------ runs and payloads
-def test_round_one_sends_no_global_features_and_switches_the_regulariser_off(inprocess):
-    hook, log = _spy()
-    summary, _ = inprocess(faults=hook, **PFEDPM, **{"num-server-rounds": 3})
+def test_round_one_sends_no_global_features_and_switches_the_regulariser_off(spied):
+    summary, _, log = spied["plain"]
     train = [m for m, _ in log if m.metadata.message_type == "train"]
     first, later = train[:3], train[3:]
     assert all(not m.content.config_records[wire.CONFIG][HAS_GLOBAL] and not m.content.array_records for m in first)
@@ -353,9 +365,8 @@ def test_round_one_sends_no_global_features_and_switches_the_regulariser_off(inp
     assert summary["dropped_replies"] == 0 and "final_eval_relation_acc" in summary
 
 
-def test_no_tensor_of_a_model_parameter_shape_or_value_ever_leaves_a_client(inprocess, tmp_path):
-    hook, log = _spy()
-    summary, grid = inprocess(faults=hook, **PFEDPM)
+def test_no_tensor_of_a_model_parameter_shape_or_value_ever_leaves_a_client(spied):
+    summary, grid, log = spied["plain"]
     params = []
     for context in grid.contexts.values():
         for name in ("model", "relation"):
@@ -375,13 +386,12 @@ def test_no_tensor_of_a_model_parameter_shape_or_value_ever_leaves_a_client(inpr
             if message is msg and message.metadata.message_type == "evaluate":
                 assert not records  # evaluation needs nothing from the server
     # the payload does not grow with the model: wider clients (pFedPM-mh) send exactly as many bytes
-    wide, _ = inprocess(**PFEDPM, **{"pfedpm.heterogeneous": True, "run-name": "mh"})
+    wide = spied["mh"][0]
     assert wide["bytes_up"] == summary["bytes_up"] and wide["bytes_down"] == summary["bytes_down"]
 
 
-def test_heterogeneous_clients_train_together_with_the_same_feature_width(inprocess):
-    hook, log = _spy()
-    summary, grid = inprocess(faults=hook, **PFEDPM, **{"pfedpm.heterogeneous": True})
+def test_heterogeneous_clients_train_together_with_the_same_feature_width(spied):
+    summary, grid, log = spied["mh"]
     assert summary["dropped_replies"] == 0
     widths = {ctx.node_config["partition-id"]: wire.unpack_arrays(ctx.state.array_records["model"])["body.3.weight"].shape[0]
               for ctx in grid.contexts.values()}

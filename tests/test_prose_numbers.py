@@ -97,9 +97,11 @@ def _sections(text: str) -> list[tuple[int, int, list[Path]]]:
 def _matches_triple(quoted: tuple, known: frozenset) -> bool:
     """A quoted "d [lo, hi]" as the table has it, or the other way round ("row leads by ..."), or unsigned."""
     m, lo, hi = quoted
-    return any(all(abs(x - y) <= TOLERANCE for x, y in zip(form, k))
-               for k in known for form in ((m, lo, hi), (-m, -hi, -lo), (abs(m) * np.sign(k[0]), abs(lo) * np.sign(k[1]),
-                                                                       abs(hi) * np.sign(k[2]))))
+
+    def forms(k):
+        return ((m, lo, hi), (-m, -hi, -lo), tuple(abs(q) * np.sign(t) for q, t in zip(quoted, k)))
+
+    return any(all(abs(x - y) <= TOLERANCE for x, y in zip(form, k)) for k in known for form in forms(k))
 
 
 def prose_mismatches(text: str, earlier: frozenset = frozenset()) -> list[str]:

@@ -120,6 +120,25 @@ def _preset(out: Path, methods=("fedavg", "local"), seeds=(0, 1)) -> dict:
                            "device": test_device()}}
 
 
+@pytest.fixture(scope="module")
+def made_once(tmp_path_factory):
+    """The default comparison (fedavg and local, seeds 0 and 1) and fedavg seed 0 alone, each run once for the
+    module: tests copy the first (``compared``) and only read the second."""
+    from runner.compare import run_all
+
+    base = tmp_path_factory.mktemp("provenance")
+    return {"cmp": run_all(_preset(base / "cmp"), ROOT),
+            "whole": run_all(_preset(base / "whole", ("fedavg",), (0,)), ROOT) / "runs" / "fedavg-s0"}
+
+
+@pytest.fixture
+def compared(tmp_path, made_once) -> Path:
+    """A private copy of the default comparison's folder, ``tmp_path / "cmp"``, as ``run_all`` left it."""
+    import shutil
+
+    return Path(shutil.copytree(made_once["cmp"], tmp_path / "cmp"))
+
+
 def test_tuning_refuses_a_dirty_tree_but_not_the_family_file_it_writes_itself(repo, monkeypatch):
     """``benchmarks.tune`` writes docs/ and the family file every table of the family reads: from a tree with
     uncommitted source it refuses before running anything (``--allow-dirty`` runs and says ``+changes``). The
@@ -184,7 +203,7 @@ def test_reuse_keeps_a_run_only_while_its_source_and_config_match(tmp_path, monk
     assert "1 not kept: config changed" in capsys.readouterr().out
 
 
-def test_reuse_takes_a_run_from_the_committed_per_run_data_when_its_folder_is_gone(tmp_path, capsys):
+def test_reuse_takes_a_run_from_the_committed_per_run_data_when_its_folder_is_gone(compared, capsys):
     """A fresh clone has the table's runs.json.gz but no runs/: --reuse keeps each committed run made by this
     source with this config (no run is made again), the table and its figures come out the same, and a record
     of other source is run again."""
@@ -192,8 +211,7 @@ def test_reuse_takes_a_run_from_the_committed_per_run_data_when_its_folder_is_go
 
     from runner.compare import run_all
 
-    out = tmp_path / "cmp"
-    run_all(_preset(out), ROOT)
+    out = compared
     table, records = (out / "table.md").read_text(), run_data.load(out)
     shutil.rmtree(out / "runs")
     (out / "curves.png").unlink()
@@ -217,7 +235,7 @@ def test_reuse_takes_a_run_from_the_committed_per_run_data_when_its_folder_is_go
     assert untimed(run_data.load(out)) == untimed(records)  # and it repeats the committed run's numbers
 
 
-def test_table_only_tables_runs_of_an_earlier_source_only_when_named(tmp_path, capsys):
+def test_table_only_tables_runs_of_an_earlier_source_only_when_named(compared, capsys):
     """Seeds added later at the runs' own (older) commit join the committed table: --table-only keeps only runs of
     the current source, --runs-source HASH tables those of HASH (and only those) with the same numbers, and the
     Made-by line names both hashes. Without --table-only it is refused (runs are made by the current source), and
@@ -228,8 +246,7 @@ def test_table_only_tables_runs_of_an_earlier_source_only_when_named(tmp_path, c
 
     from runner.compare_table import made_line
 
-    out = tmp_path / "cmp"
-    run_all(_preset(out), ROOT)
+    out = compared
     table, records = (out / "table.csv").read_text(), run_data.load(out)
     current = records[0]["source_hash"]
     older = [{**r, "source_hash": "0ld50urce"} for r in records]  # as if made before the code moved on
@@ -280,14 +297,14 @@ def _untimed_rounds(folder: Path) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in ("wall_s", "eval_s", "startup_s")} for r in csv.DictReader(f)]
 
 
-def test_a_cut_off_run_moved_to_another_folder_resumes_there_to_the_uninterrupted_result(tmp_path, capsys):
+def test_a_cut_off_run_moved_to_another_folder_resumes_there_to_the_uninterrupted_result(tmp_path, made_once, capsys):
     """A comparison's folder moved (or its clone checked out elsewhere) after a run was cut off: the checkpoint's
     results-dir is the old path, and the run still goes on from it in the new one."""
     import shutil
 
     from runner.compare import run_all
 
-    whole = run_all(_preset(tmp_path / "whole", ("fedavg",), (0,)), ROOT) / "runs" / "fedavg-s0"
+    whole = made_once["whole"]
     first, moved = tmp_path / "first", tmp_path / "moved"
     _cut_off_in_round_2(_preset(first, ("fedavg",), (0,)), first, provenance.stamp())
     shutil.move(first, moved)
@@ -313,12 +330,12 @@ def test_a_run_cut_off_after_its_last_checkpoint_starts_over_instead_of_resuming
     assert provenance.resumable(folder, config, code) == (2, "")
 
 
-def test_resume_continues_a_cut_off_run_only_under_the_code_that_began_it(tmp_path, monkeypatch, capsys):
+def test_resume_continues_a_cut_off_run_only_under_the_code_that_began_it(tmp_path, made_once, monkeypatch, capsys):
     """``--resume``: a comparison run cut off mid-way continues from its checkpoint to the uninterrupted
     result and its record names where it went on from; begun under other source code, it starts over."""
     from runner.compare import run_all
 
-    whole = run_all(_preset(tmp_path / "whole", ("fedavg",), (0,)), ROOT) / "runs" / "fedavg-s0"
+    whole = made_once["whole"]
     out = tmp_path / "cut"
     _cut_off_in_round_2(_preset(out, ("fedavg",), (0,)), out, provenance.stamp())
     run = out / "runs" / "fedavg-s0"
@@ -351,10 +368,8 @@ def _recomputed_table(folder: Path) -> str:
     return render_table(rows, preset, footer_failures(folder / "table.md"))
 
 
-def test_a_table_recomputes_from_its_per_run_data(tmp_path):
-    from runner.compare import run_all
-
-    out = run_all(_preset(tmp_path / "cmp"), ROOT)
+def test_a_table_recomputes_from_its_per_run_data(made_once):
+    out = made_once["cmp"]
     assert _recomputed_table(out) == (out / "table.md").read_text()
     for run in run_data.load(out):  # the recomputed summary is the run's own
         saved = json.loads((out / "runs" / f"{run['label']}-s{run['seed']}" / "summary.json").read_text())
@@ -364,7 +379,7 @@ def test_a_table_recomputes_from_its_per_run_data(tmp_path):
             assert again[key] == saved[key], key
         clients = run["clients_final"]
         assert sum(clients["accuracy"]) / len(clients["accuracy"]) == pytest.approx(saved["client_acc_mean"])
-    assert str(tmp_path) not in json.dumps(run_data.load(out))  # no path of the machine that ran it
+    assert str(out.parent) not in json.dumps(run_data.load(out))  # no path of the machine that ran it
     table = (out / "table.md").read_text()
     assert "± is the sample std over seeds (ddof = 1)" in table and "95% t-interval" in table
     assert "| fedavg minus row (at best-val round, weighted; points, paired 95% t-interval over seeds) |" in table

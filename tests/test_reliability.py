@@ -15,7 +15,7 @@ from fedcore.config import Config
 from fedcore.registry import REGISTRY
 from runner.inprocess import InProcessGrid, run_inprocess
 from tests import toy_method
-from tests.conftest import small_config
+from tests.conftest import long_but, small_config
 
 
 def _rows(summary) -> list[dict]:
@@ -149,7 +149,12 @@ def _plan(config: dict, rounds: int, clients: int) -> set[tuple[int, int]]:
     return {(pid, r) for r in range(1, rounds + 1) for pid in range(clients) if fault_for(cfg, pid, clients, r)}
 
 
-@pytest.mark.parametrize("method", sorted(REGISTRY))
+# each kind of payload the fault kinds damage (models, prototypes alone, metrics alone, a pairwise graph, round 0's
+# features) and the method without train messages; `make test-long` runs every method
+FAULTS_FAST = ("fedavg", "fedproto", "local", "majority", "fedsac", "mupfl")
+
+
+@pytest.mark.parametrize("method", long_but(sorted(REGISTRY), FAULTS_FAST))
 def test_injected_faults_equal_lost_replies_for_every_method(tmp_path, method):
     """30% of clients return NaN, wrong shapes, missing records, wrong ids or huge values every round:
     every bad reply is dropped with its reason, and the run ends exactly as if those replies had been
@@ -194,7 +199,12 @@ class Crash(Exception):
     """Stands for the server process being killed."""
 
 
-@pytest.mark.parametrize("method", sorted(REGISTRY) + ["toy"])
+# round 0 and client optimiser state (toy), a global model, evaluation alone, cluster state and a pairwise graph on the
+# server, prototypes; tests/test_checkpoints.py round-trips every method's state, `make test-long` resumes every method
+RESUME_FAST = ("toy", "fedavg", "majority", "cfl", "fedsac", "fedproto")
+
+
+@pytest.mark.parametrize("method", long_but(sorted(REGISTRY) + ["toy"], RESUME_FAST))
 def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, method, monkeypatch):
     """Every method, and the toy one (round 0, optimiser state on the clients): killed in round 2 of 3
     and resumed from its checkpoint file, the run's every per-round number but its timings is the

@@ -128,3 +128,28 @@ def test_the_tables_recomputed_summary_leaves_sampled_rounds_out_too(inprocess, 
     again = run_data.summary(json.loads(json.dumps(run)))
     for key in ("best_val_round", "test_acc_at_best_val", "best_round", "best_acc", "last10_acc"):
         assert again[key] == summary[key], key
+
+
+def test_rounds_to_a_target_count_complete_rounds_only(tmp_path):
+    from runner.compare_rows import rounds_to_target
+
+    rows = [_row(1, 0.5, 0.5), _row(2, 0.95, 0.9, sampled=3), _row(3, 0.92, 0.9), _row(4, 0.97, 0.9)]
+    assert rounds_to_target(rows, "acc_weighted", 0.9) == 3  # round 2's sample reached it first
+    path = tmp_path / "rounds.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, ["round", "acc_weighted", SAMPLED_EVAL])
+        writer.writeheader()
+        writer.writerows({"round": r["round"], "acc_weighted": r["acc_weighted"], SAMPLED_EVAL: r.get(SAMPLED_EVAL, "")}
+                         for r in rows)
+    assert rounds_to_target(path, "acc_weighted", 0.96) == 4
+    assert rounds_to_target(path, "acc_weighted", 0.94) == 4
+
+
+def test_a_run_resumes_with_another_evaluation_sample_or_from_before_the_keys_existed():
+    from server_app import checkpoints
+
+    now = Config.from_run_config({"fraction-evaluate": 0.2, "eval-every": 5}).to_dict()
+    before_the_keys = {k: v for k, v in now.items() if k not in ("fraction-evaluate", "min-evaluate-clients")}
+    assert checkpoints.config_changes(before_the_keys, now) == []
+    assert checkpoints.config_changes(now, {**now, "fraction-evaluate": 0.5, "min-evaluate-clients": 9}) == []
+    assert checkpoints.config_changes(now, {**now, "fraction-train": 0.5}) == ["fraction-train"]

@@ -160,3 +160,18 @@ def test_small_cpu_products_run_on_one_thread_and_large_ones_on_the_processs(on_
         large = torch.get_num_threads()
     assert torch.get_num_threads() == before == large
     assert inside == (before if on_session_device.type == "cuda" else 1)
+
+
+def test_a_symmetric_gram_over_many_rows_computes_the_upper_blocks_and_mirrors_them(on_session_device):
+    """Above ``SYMMETRIC_ROWS`` rows the Gram sum computes only the blocks on and above the diagonal: every
+    entry still equals the float64 Gram matrix (to float32 rounding) and the result is exactly symmetric."""
+    n = server_device.SYMMETRIC_ROWS + 37  # chunks of unequal length
+    rows = np.random.default_rng(3).standard_normal((n, 64)).astype(np.float32)
+    gram = server_device.GramSum(n, capacity=n * 32)
+    for start in (0, 32):  # two column blocks, summed
+        gram.add(list(rows[:, start:start + 32]))
+    got, want = gram.result(), rows.astype(np.float64) @ rows.T.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    chunk = -(-n // server_device.SYMMETRIC_CHUNKS)
+    off = ~np.kron(np.eye(server_device.SYMMETRIC_CHUNKS, dtype=bool), np.ones((chunk, chunk), bool))[:n, :n]
+    np.testing.assert_array_equal(got[off], got.T[off])

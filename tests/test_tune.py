@@ -107,6 +107,17 @@ def test_a_record_says_its_source_hash_or_that_a_dirty_tuning_must_be_redone():
     assert tune.code_note({"commit": "abc1234"}) == ""
 
 
+def test_a_family_tuned_at_a_cap_says_which(tmp_path):
+    """A data-size study tunes one family at its smallest cap: the record keeps the cap beside its source hash."""
+    path = tmp_path / "tuned" / "fam-cap25.toml"
+    rec = {"chosen": {"fedprox.mu": 0.5}, "preset": "study-cap25", "commit": "c", "source-hash": "0123456789abcdef",
+           "max-train-samples": 25, "seed": 0, "rounds": 5, "of-rounds": 10,
+           "grid": [{"setting": {"fedprox.mu": 0.5}, "val_acc": 0.5, "val_round": 5}]}
+    tune.merge_family(path, {"fedprox": rec}, "fam")
+    back = tune.read_family(path)["fedprox"]
+    assert back["max-train-samples"] == 25 and back["source-hash"] == "0123456789abcdef"
+
+
 def test_a_preset_without_a_validation_split_is_refused():
     with pytest.raises(SystemExit, match="val-fraction"):
         tune.check_validation({"run-config": {"dataset": "digits"}}, "p.toml")
