@@ -157,13 +157,14 @@ readme: $(STAMP)
 	$(BIN)/python -m benchmarks.summary > /dev/null
 	$(BIN)/python -m benchmarks.readme_tables
 
-# mutation testing of the paper methods (mutmut 3; minutes to an hour a method on 2 cores; not in CI):
-# `make mutation` for all five, `make mutation METHOD=fedsac` for one; reports in docs/results/mutation/
+# mutation testing of the methods, rivals and the machinery behind verdicts (mutmut 3; minutes to an hour a target
+# on 2 cores; not in CI): `make mutation` for the five papers, `make mutation METHOD=stats WORKERS=1` for one; reports and
+# every target's ratio in docs/results/mutation/
 METHOD ?= pfedpm fedmcsa fedfcd mupfl fedsac
 .PHONY: mutation
 mutation: $(STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e ".[mutation]"
-	$(BIN)/python -m tools.mutation $(METHOD)
+	$(BIN)/python -m tools.mutation $(METHOD) $(if $(WORKERS),--workers $(WORKERS))
 
 # the tests left out of `make test` (minutes each: real flwr runs and deployments, resume after SIGKILL,
 # docker compose, namespaces, churn, 1,000 fuzzed replies per method), one at a time

@@ -74,3 +74,17 @@ def test_a_resumption_may_change_only_where_and_how_long_the_run_goes():
     assert checkpoints.config_changes({**saved, "old-key": 1}, saved) == ["old-key"]
     for key in checkpoints.RESUMABLE_CHANGES:
         assert checkpoints.config_changes(saved, {**saved, key: "changed"}) == [], key
+
+
+def test_a_set_of_mixed_types_round_trips_and_a_save_makes_its_run_folder(tmp_path):
+    value = {"round": 2, "ids": {1, "a", 2.5}, "nums": {10, 9}}
+    path = checkpoints.save(tmp_path / "new" / "run", 2, {k: v for k, v in value.items() if k != "round"}, keep=1)
+    assert checkpoints.read(path) == value
+
+
+def test_a_tensor_that_is_not_a_dense_cpu_copy_is_refused_when_saving(tmp_path):
+    import torch
+
+    for tensor in (torch.zeros(3).to_sparse(), torch.zeros(3, requires_grad=True)):
+        with pytest.raises(CheckpointError, match="not dense; store a detached CPU copy"):
+            checkpoints.save(tmp_path, 1, {"t": tensor}, keep=1)

@@ -43,7 +43,9 @@ def test_uncommitted_paths_are_modified_staged_or_untracked_less_the_builders_ou
     (repo / "fedcore" / "x.py").write_text("A = 2\n")
     (repo / "new dir").mkdir()
     (repo / "new dir" / "y.py").write_text("B = 1\n")
-    assert sorted(provenance.uncommitted(repo)) == ["fedcore/x.py", "new dir/y.py"]
+    (repo / "X.py").write_text("")
+    assert sorted(provenance.uncommitted(repo)) == ["X.py", "fedcore/x.py", "new dir/y.py"]
+    (repo / "X.py").unlink()
     assert provenance.uncommitted(repo, outputs=("fedcore/", "new")) == ["README.md", "docs/page.md"]
     _git(repo, "add", "fedcore/x.py")
     _git(repo, "mv", "README.md", "RENAMED.md")
@@ -51,7 +53,25 @@ def test_uncommitted_paths_are_modified_staged_or_untracked_less_the_builders_ou
     assert provenance.uncommitted(repo / "fedcore" / "x.py") == ["(not a git checkout)"]
 
 
-def test_the_commit_and_tree_commit_say_where_the_code_stands(repo, tmp_path_factory):
+@pytest.fixture
+def clean_root(tmp_path_factory, monkeypatch):
+    """The module's default ROOT pointed at a clean checkout: a rule that ignored its ``root`` would read it."""
+    other = tmp_path_factory.mktemp("clean")
+    (other / "a.py").write_text("")
+    _git(other, "init", "-q")
+    _git(other, "add", ".")
+    _git(other, "commit", "-q", "-m", "init")
+    monkeypatch.setattr(provenance, "ROOT", other)
+    return other
+
+
+def test_the_source_hash_is_sha256_over_each_files_path_and_bytes(repo):
+    import hashlib
+
+    assert provenance.source_hash(repo) == hashlib.sha256(b"fedcore/x.py\0A = 1\n\0").hexdigest()[:16]
+
+
+def test_the_commit_and_tree_commit_say_where_the_code_stands(repo, tmp_path_factory, clean_root):
     head = _git(repo, "rev-parse", "--short=7", "HEAD").strip()
     assert provenance.commit(repo) == head and provenance.tree_commit(repo) == head
     (repo / "fedcore" / "x.py").write_text("A = 2\n")
@@ -77,18 +97,22 @@ def test_the_source_hash_covers_every_source_package_file_by_path_and_content(re
     assert provenance.source_hash(repo) != before
 
 
-def test_a_docs_table_from_a_dirty_tree_is_refused_unless_allowed_and_then_says_so(repo):
+def test_a_docs_table_from_a_dirty_tree_is_refused_unless_allowed_and_then_says_so(repo, clean_root):
     docs = repo / "docs" / "results" / "t"
     assert provenance.writes_docs(docs, repo) and not provenance.writes_docs(repo / "elsewhere", repo)
     assert provenance.guard(docs, False, repo) is False
     for k in range(9):
         (repo / "fedcore" / f"n{k}.py").write_text("")
     with pytest.raises(provenance.DirtyTree, match=r"docs/results/t from a tree with uncommitted changes "
-                                                   r"\(fedcore/n0.py, .* and 1 more\)"):
+                                                   r"\(fedcore/n0.py, (fedcore/n\d.py, ){6}fedcore/n7.py and 1 more\)"):
+        provenance.guard(docs, False, repo)
+    (repo / "fedcore" / "n8.py").unlink()
+    with pytest.raises(provenance.DirtyTree, match=r"\(fedcore/n0.py, (fedcore/n\d.py, ){6}fedcore/n7.py\): commit"):
         provenance.guard(docs, False, repo)
     assert provenance.guard(docs, True, repo) is True
     assert provenance.guard(repo / "elsewhere", False, repo) is True  # not docs: never refused, but it says so
     assert provenance.guard(docs, False, repo, outputs=("fedcore/", "docs/")) is False
+    assert provenance.guard(repo / "elsewhere", False, repo, outputs=("fedcore/",)) is False
 
 
 def test_a_finished_run_is_reused_only_under_the_same_source_and_every_deciding_key(tmp_path):
@@ -126,6 +150,12 @@ def _checkpoint(folder: Path, rnd: int) -> None:
     (folder / "checkpoints" / f"round-{rnd:05d}.ckpt").write_bytes(b"x")
 
 
+def test_a_start_record_goes_beside_a_folder_not_made_yet(tmp_path):
+    folder = tmp_path / "new" / "runs" / "fedavg-s0"
+    provenance.mark_started(folder, CODE, CONFIG)
+    assert json.loads(provenance.started_path(folder).read_text()) == {**CODE, "config": CONFIG}
+
+
 def test_a_cut_off_run_resumes_from_its_newest_checkpoint_only_under_the_code_and_config_that_began_it(tmp_path):
     folder = tmp_path / "runs" / "fedavg-s0"
     assert provenance.started_path(folder) == tmp_path / "runs" / "fedavg-s0.started.json"
@@ -145,6 +175,8 @@ def test_a_cut_off_run_resumes_from_its_newest_checkpoint_only_under_the_code_an
     assert provenance.resumable(folder, CONFIG, CODE) == (None, "nothing left to resume")
     no_rounds = {k: v for k, v in CONFIG.items() if k != "num-server-rounds"}
     assert provenance.resumable(folder, no_rounds, CODE) == (5, "")
+    provenance.started_path(folder).write_text(json.dumps(CODE))  # a start record without its config
+    assert provenance.resumable(folder, CONFIG, CODE) == (None, "config changed")
     provenance.started_path(folder).write_text("{broken")
     assert provenance.resumable(folder, CONFIG, CODE) == (None, "no start record")
 
@@ -174,6 +206,9 @@ def test_the_commits_line_names_each_commit_with_its_runs():
     assert provenance.commits_line({"a": ["fedavg-s0", "fedavg-s1"]}) == "Runs from commit `a` (2 runs)."
     assert provenance.commits_line({"b": ["local-s0"], "a": ["fedavg-s0", "fedavg-s1", "ditto-s0"]}) == \
         "Runs from commits `a` (3 runs: ditto, fedavg); `b` (1 runs: local)."
+    # a row label may hold "-s" itself: only the last one starts the seed
+    assert provenance.commits_line({"a": ["fedavg-sgd-s-s0", "fedavg-sgd-s-s1"], "b": ["x-s2"]}) == \
+        "Runs from commits `a` (2 runs: fedavg-sgd-s); `b` (1 runs: x)."
 
 
 # ------------------------------------------------------------------ per-run data
@@ -238,6 +273,9 @@ def test_per_run_data_is_byte_identical_for_the_same_runs_and_recomputes_each_ru
     assert json.loads(gzip.decompress(first)) == run_data.load(tmp_path / "one")
     assert set(run_data.by_run(tmp_path / "one")) == {("a-first", 5), ("fedavg", 0), ("fedavg", 1)}
     assert run_data.by_run(tmp_path / "none") == {}
+    (tmp_path / "three").mkdir()  # the same runs with their keys in another order give the same bytes
+    assert run_data.write(tmp_path / "three", [dict(reversed(r.items())) for r in runs]).read_bytes() == first
+    assert first[4:8] == b"\0\0\0\0"  # no timestamp in the gzip header
     s = run_data.summary(runs[0])
     rows = [{"round": 1, "acc_weighted": 0.5, "acc_client_mean": 0.4, "val_acc_weighted": 0.6, "eval_rel": 0.1},
             {"round": 2, "acc_weighted": 0.7, "acc_client_mean": 0.6, "val_acc_weighted": 0.5}]
@@ -246,6 +284,22 @@ def test_per_run_data_is_byte_identical_for_the_same_runs_and_recomputes_each_ru
     assert (s["seed"], s["status"], s["commit"], s["wall_s_per_round"]) == (1, "completed", None, 1.5)
     by_label = run_data.summaries(tmp_path / "one")
     assert list(by_label) == ["fedavg", "a-first"] and [x["seed"] for x in by_label["fedavg"]] == [0, 1]
+
+
+def test_a_run_of_one_row_or_none_is_collected_and_its_summary_has_its_final_accuracy_and_commit(tmp_path):
+    one = [{"round": 1, "acc_weighted": 0.5, "acc_client_mean": 0.4, "acc_client_std": 0.1}]
+    _run_folder(tmp_path / "one", one, [(1, 0, 0.5, 4)], SUMMARY)
+    run = run_data.collect(tmp_path / "one", "x", 0, code={"commit": "c1", "source_hash": "s"})
+    assert run["rounds"] == {"round": [1], "acc_weighted": [0.5], "acc_client_mean": [0.4], "acc_client_std": [0.1]}
+    s = run_data.summary(run)
+    assert (s["final_acc"], s["client_acc_mean"], s["commit"]) == (0.5, 0.4, "c1")
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "rounds.csv").write_text("round,acc_weighted\n")
+    (tmp_path / "none" / "clients.csv").write_text("round,partition_id,accuracy,test_samples\n")
+    (tmp_path / "none" / "summary.json").write_text(json.dumps(SUMMARY))
+    (tmp_path / "none" / "config.json").write_text("{}")
+    empty = run_data.collect(tmp_path / "none", "x", 1)
+    assert (empty["final_round"], empty["rounds"], empty["clients_final"]["accuracy"]) == (None, {"round": []}, [])
 
 
 def test_a_nan_in_the_per_run_data_is_no_value_when_the_summary_is_recomputed():

@@ -267,7 +267,7 @@ def test_a_one_round_run_has_its_round_as_the_steady_state_and_no_rounds_has_non
     s = w.finish(2, [])
     assert (s["first_round_s"], s["wall_s_per_round"], s["startup_s"]) == (6.0, 6.0, None)
     assert (s["bytes_prepare"], s["bytes_up_per_round"], s["bytes_down_per_round"]) == (10, 10.0, 20.0)
-    assert (s["final_acc"], s["final_eval_clients"]) == (None, 0)
+    assert (s["final_acc"], s["final_eval_clients"], s["status"]) == (None, 0, "completed")
     empty = ResultsWriter(_cfg(tmp_path, **{"run-name": "e"})).finish(2, [])
     assert (empty["rounds"], empty["final_round"], empty["first_round_s"], empty["wall_s_per_round"]) == \
         (0, None, None, 0.0)

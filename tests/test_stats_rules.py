@@ -75,3 +75,23 @@ def test_a_difference_cell_shows_an_interval_from_two_seeds_on_and_none_for_one(
     read_back = {"n": 3.0, "mean": -0.1, "lo": -0.15, "hi": -0.05, "tie": False}  # n read back as a float
     assert stats.difference_cell(read_back) == "-10.00 [-15.00, -5.00]"
     assert stats.difference_cell({**read_back, "tie": True}, scale=1.0) == "-0.10 [-0.15, -0.05] tie"
+
+
+def test_a_paired_question_names_its_pairs_and_renders_one_row_each(tmp_path):
+    from runner import table
+
+    assert table.parse_pair("fedavg:ditto") == ("fedavg", "ditto")
+    assert table.parse_pair("a:b:c") == ("a", "b:c")  # the first colon separates the two labels
+    for bad in ("fedavg", "fedavg:", ":ditto", ":"):
+        with pytest.raises(SystemExit, match="write it as A:B"):
+            table.parse_pair(bad)
+    rows = [{"a": "x", "b": "y", "metric": "final_acc", **stats.paired_difference({0: 0.9, 1: 0.8}, {0: 0.8, 1: 0.7})},
+            {"a": "x", "b": "z", "metric": "final_acc", **stats.paired_difference({0: 0.9}, {0: 0.8})}]
+    assert table.render_paired(rows) == "\n".join([
+        "Metric `final_acc`; paired over the seeds both rows have, mean and 95% t-interval in points; tie where it "
+        "covers 0.", "", "| difference | seeds | a minus b |", "|---|---|---|",
+        f"| x minus y | 2 | {stats.difference_cell(rows[0])} |", "| x minus z | 1 | +10.00 (1 seed: no interval) |"])
+    (tmp_path / "headline.csv").write_text("label,metric\nx,final_acc\ny,test_acc_at_best_val\n")
+    with pytest.raises(SystemExit) as refused:
+        table.headline_metric(tmp_path)
+    assert "expected one headline metric, found ['final_acc', 'test_acc_at_best_val']" in str(refused.value.code)

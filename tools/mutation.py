@@ -7,7 +7,9 @@ fast tests run against each mutant. The report (docs/results/mutation/<method>.m
 surviving mutants; a survivor listed in tests/mutation/<method>.toml as equivalent (same behaviour) or out
 of scope (logging, error text) is left out of the ratio, with its one-line reason shown. After writing
 tests for the survivors, ``--survivors`` tests only those again (``--report-only`` rewrites the report alone).
-Each report records its modules' content hash; ``--stale`` lists the reports whose modules changed since.
+Each report records its modules' content hash; ``--stale`` lists the reports whose modules changed since, and
+``--summary`` writes docs/results/mutation/README.md, every target's ratio. On a shared machine run one target at a
+time with ``--workers 1`` (``make mutation METHOD=<target> WORKERS=1``).
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ TARGETS: dict[str, Target] = {
                     "tests/test_tune.py::test_the_default_stays_unless_a_setting_beats_it_by_more_than_noise",
                     "tests/test_tune.py::test_rechoose_applies_the_rule_to_a_family_files_numbers_and_runs_nothing",
                     "tests/test_tune.py::test_a_preset_without_a_validation_split_is_refused",
-                    "tests/test_tune.py::test_budget_is_half_the_rounds_and_the_family_is_dataset_and_partition"),
+                    "tests/test_tune.py::test_budget_is_half_the_rounds_and_the_family_is_dataset_and_partition",
+                    "tests/test_tune_rules.py"),
                    only=("choose", "noise", "default_setting", "check_validation", "tuning_budget", "tuned_path",
                          "rechoose", "validation_samples")),
     # which samples each client trains, validates and tests on (the schemes, the split file and its checks)
