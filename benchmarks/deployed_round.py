@@ -67,7 +67,7 @@ def cold_clientapp_start_s(repeats: int = 3) -> float:
 
 def partition_load_s(dataset: str, supernodes: int) -> dict[str, float]:
     """Seconds to load one client's partition: from the dataset (cache off) and from the cache."""
-    code = ("import time,torch; from fedcore.config import Config; from clients.base import load_client_data;"
+    code = ("import time,torch; from fedcore.config import Config; from clients.data import load_client_data;"
             f"cfg=Config.from_run_config({{'dataset':'{dataset}'}}); t=time.monotonic();"
             f"load_client_data(cfg,0,{supernodes},torch.device('cpu')); print(time.monotonic()-t)")
     out = {}

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from clients.data import ClientData, _client_data, load_client_data  # noqa: F401 (re-exported)
+from clients.data import load_client_data
 from clients.training import (LossFn, StepCallback, class_means, crop_flip, cross_entropy, extract_features,
                               train_loop)
 from fedcore import determinism, wire

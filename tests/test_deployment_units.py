@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
-from clients import base, partition_cache
+from clients import data as client_data, partition_cache
 from fedcore import flower_patches
 from fedcore.config import Config
 from runner import certs
@@ -49,8 +49,8 @@ def test_supernode_keys_are_kept_on_a_second_run_and_replaced_only_when_forced(t
 
 
 def _load(cfg, pid=0, n=3):
-    base._client_data.cache_clear()
-    return base.load_client_data(cfg, pid, n, torch.device("cpu"))
+    client_data._client_data.cache_clear()
+    return client_data.load_client_data(cfg, pid, n, torch.device("cpu"))
 
 
 def test_partition_cache_serves_the_same_split_keyed_by_what_determines_it(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ def test_inprocess_option_sampled_and_ablations_run(inprocess):
 def test_majority_predicts_each_clients_most_frequent_training_label(inprocess, tmp_path, device):
     summary, _ = inprocess(4, method="majority", **{"num-server-rounds": 2})
     assert summary["bytes_up"] == 0 and summary["bytes_down_per_round"] == 0
-    from clients.base import load_client_data
+    from clients.data import load_client_data
 
     cfg = Config.from_run_config({"dataset": "digits", "partition": "pathological", "seed": 0})
     correct = total = 0

@@ -64,7 +64,7 @@ def test_client_state_keeps_maps_and_counters_across_rounds_and_metrics_reach_ro
         assert 0 < float(r["m_bavd_keep"]) <= 1
     labels = json.loads((tmp_path / "results" / "state" / "round_matrices" / "0002.json").read_text())["clusters"]
     assert labels[0] == [0, 1, 2]
-    from clients.base import load_client_data
+    from clients.data import load_client_data
     from fedcore.config import Config
 
     cfg = Config.from_run_config({**SMALL, "method": "mupfl", "dataset": "digits", "batch-size": 16,

@@ -14,7 +14,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-from clients.base import ClientEnv, load_client_data
+from clients.base import ClientEnv
+from clients.data import load_client_data
 from clients.pfedpm import PFedPMClient, RelationModule, fedproto_regulariser, l2_regulariser, mix_features
 from fedcore import wire
 from fedcore.config import Config

@@ -44,15 +44,15 @@ def test_validation_comes_from_the_training_pool_and_leaves_train_and_test_disjo
 
 
 def test_clients_train_without_their_validation_samples(tmp_path, monkeypatch, device):
-    from clients import base, partition_cache
+    from clients import data as client_data, partition_cache
 
     monkeypatch.setenv(partition_cache.CACHE_ENV, str(tmp_path / "cache"))
     cfg = Config.from_run_config({"dataset": "digits", "partition": "pathological", "val-fraction": 0.1})
     ds = load_dataset("digits", num_clients=3, seed=0)
     split = build_splits(ds, "pathological", 3, 0, cfg.partition_params())[1]
     for _ in range(2):  # computed, then read from the partition cache
-        base._client_data.cache_clear()
-        data = base.load_client_data(cfg, 1, 3, device)
+        client_data._client_data.cache_clear()
+        data = client_data.load_client_data(cfg, 1, 3, device)
         assert torch.equal(data.x_train, torch.as_tensor(ds.x[split.train], device=device))
         assert torch.equal(data.x_val, torch.as_tensor(ds.x[split.val], device=device))
         assert torch.equal(data.y_test, torch.as_tensor(ds.y[split.test], device=device))
