@@ -121,7 +121,7 @@ TARGETS: dict[str, Target] = {
                          "rechoose", "validation_samples")),
     # which samples each client trains, validates and tests on (the schemes, the split file and its checks)
     "partitioners": Target(("partitions/partitioners.py",),
-                           ("tests/test_partitions.py",
+                           ("tests/test_partitions.py", "tests/test_partitioners_rules.py",
                             "--deselect=tests/test_partitions.py::test_determinism_across_processes",
                             "--deselect=tests/test_partitions.py::test_label_counts_and_heatmap",
                             "tests/test_validation.py::test_validation_comes_from_the_training_pool_and_leaves_train_and_test_disjoint",
