@@ -314,7 +314,7 @@ def test_label_counts_count_train_validation_and_test():
 
 
 def test_federated_data_is_the_loaded_pool_and_its_splits():
-    params = (("alpha", 0.5), ("beta", 0.5))
+    params = (("alpha", 1.0), ("beta", 0.0))
     data, splits = P.federated_data("synthetic", "natural", 3, 5, "", params, (("val-fraction", 0.2),))
     ref = load_dataset("synthetic", num_clients=3, seed=5, params=dict(params))
     assert np.array_equal(data.x, ref.x) and np.array_equal(data.y, ref.y) and data.name == "synthetic"
@@ -324,3 +324,25 @@ def test_federated_data_is_the_loaded_pool_and_its_splits():
         assert np.array_equal(s.train, w.train) and np.array_equal(s.val, w.val) and len(s.val)
     other = P.federated_data("digits", "iid", 2, 0, "", (), (), normalize="unit")[0]
     assert not np.allclose(other.x, load_dataset("digits", num_clients=2, seed=0).x)
+
+
+def test_a_flwr_partitioner_is_accepted_by_name():
+    pytest.importorskip("flwr_datasets")
+    ds = _tiny(np.arange(40) % 2, 2)
+    splits = build_splits(ds, "flwr:IidPartitioner", 2, 0)
+    assert sum(len(s.train) + len(s.test) for s in splits) == 40
+
+
+def test_a_split_file_client_entry_that_is_not_an_object_is_refused(tmp_path):
+    ds = _tiny(np.arange(10) % 2, 2)
+    base = {"format": P.SPLIT_FORMAT, "dataset": "tiny", "num_clients": 1}
+    for entry in (5, ["train", "test"]):
+        with pytest.raises(PartitionError):
+            build_splits(ds, "file", 1, 0, {"file": _write(tmp_path / "e.json", base | {"clients": [entry]})})
+
+
+def test_longtail_with_two_classes_cuts_the_second_by_the_imbalance_factor():
+    ds = _tiny(np.repeat(np.arange(2), 80))
+    pools = P.PARTITIONS["longtail-dirichlet"](ds, 2, np.random.default_rng(0),
+                                               P.DEFAULT_PARAMS | {"imbalance-factor": 4.0, "alpha": 1.0, "min-size": 1})
+    assert np.bincount(ds.y[np.concatenate(pools)], minlength=2).tolist() == [80, 20]
