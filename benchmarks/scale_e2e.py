@@ -187,6 +187,27 @@ def read_csv(path: Path) -> list[dict]:
     return rows
 
 
+def run_rows(plan: list, describe, run_one, write_table, prefix: str) -> list[dict]:
+    """Run each item of ``plan`` (``run_one(item, workdir, rows_so_far) -> (row, summary line)``) in a scratch
+    folder, saying which of how many runs, and rewrite the table after every row: a later one may not finish."""
+    rows: list[dict] = []
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        for i, item in enumerate(plan, 1):
+            print(f"[{i}/{len(plan)}] {describe(item)} ...", flush=True)
+            t0 = time.time()
+            row, line = run_one(item, workdir, rows)
+            print(f"  {row['status']}: {line} ({time.time() - t0:.0f} s)", flush=True)
+            if row["status"] != "finished:completed":
+                print(row["log_tail"], flush=True)
+            rows.append(row)
+            write_table(rows)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(write_table(rows))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="100,300,1000", help="comma-separated client counts, one run each")
@@ -210,22 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     dirty = guard(args.out, args.allow_dirty)
     command = command_line("benchmarks.scale_e2e", argv)
     stamp = commit() + (" + uncommitted changes" if dirty else "")
-    rows = []
-    workdir = Path(tempfile.mkdtemp(prefix="scale-e2e-"))
-    try:
-        for n in [int(c) for c in args.clients.split(",")]:
-            print(f"[{len(rows) + 1}/{len(args.clients.split(','))}] {n} clients ...", flush=True)
-            row = measure(n, args.rounds, args.fraction, args.method, workdir, args.timeout)
-            print(f"  {row['status']}: peak PSS {row['peak_pss_gb']:.2f} GB (RSS sum {row['peak_rss_sum_gb']:.2f}), "
-                  f"{row['rounds_done']} rounds, s/round {row['round_s']}, start-up {row['startup_s']}, "
-                  f"run {row['run_s']:.0f} s, load {row['load_at_start']}", flush=True)
-            if row["status"] != "finished:completed":
-                print(row["log_tail"], flush=True)
-            rows.append(row)
-            write(rows, args.out, command, stamp)  # a table after every run: a later one may not finish
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(write(rows, args.out, command, stamp))
+    def one(n: int, workdir: Path, rows: list[dict]) -> tuple[dict, str]:
+        row = measure(n, args.rounds, args.fraction, args.method, workdir, args.timeout)
+        return row, (f"peak PSS {row['peak_pss_gb']:.2f} GB (RSS sum {row['peak_rss_sum_gb']:.2f}), "
+                     f"{row['rounds_done']} rounds, s/round {row['round_s']}, start-up {row['startup_s']}, "
+                     f"run {row['run_s']:.0f} s, load {row['load_at_start']}")
+
+    counts = [int(c) for c in args.clients.split(",")]
+    rows = run_rows(counts, lambda n: f"{n} clients", one, lambda rows: write(rows, args.out, command, stamp),
+                    "scale-e2e-")
     return 0 if all(r["status"] == "finished:completed" for r in rows) else 1
 
 

@@ -38,8 +38,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 from benchmarks import scale_e2e
@@ -225,26 +223,20 @@ def main(argv: list[str] | None = None) -> int:
     stamp = commit() + (" + uncommitted changes" if dirty else "")
     plan = [(n, e, False) for n in counts for e in evaluations] + \
            [(n, e, True) for n in counts if n in flower_path for e in evaluations]
-    rows: list[dict] = []
-    workdir = Path(tempfile.mkdtemp(prefix="scale-round-"))
-    try:
-        for i, (n, evaluation, flower) in enumerate(plan, 1):
-            print(f"[{i}/{len(plan)}] {n} clients, evaluation {evaluation}, "
-                  f"{'Flower' + chr(39) + 's own path' if flower else 'patched path'} ...", flush=True)
-            t0 = time.time()
-            baseline = next((r for r in rows if r["clients"] == n and r["evaluation"] == evaluation), None)
-            rounds = args.rounds_all if evaluation == "all" and args.rounds_all else args.rounds
-            row = measure(n, rounds, args.fraction, evaluation, workdir, args.timeout, flower, baseline)
-            print(f"  {row['status']}: flwr {row['round_s']} s / round, in-process {row['inprocess_round_s']}, "
-                  f"ratio {row['ratio']}, last round {row['last_round_s']}, peak PSS {row['peak_pss_gb']:.2f} GB "
-                  f"({time.time() - t0:.0f} s)", flush=True)
-            if row["status"] != "finished:completed":
-                print(row["log_tail"], flush=True)
-            rows.append(row)
-            write(rows, args.out, command, stamp)  # a table after every row: a later one may not finish
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(write(rows, args.out, command, stamp))
+
+    def one(item: tuple, workdir: Path, rows: list[dict]) -> tuple[dict, str]:
+        n, evaluation, flower = item
+        baseline = next((r for r in rows if r["clients"] == n and r["evaluation"] == evaluation), None)
+        rounds = args.rounds_all if evaluation == "all" and args.rounds_all else args.rounds
+        row = measure(n, rounds, args.fraction, evaluation, workdir, args.timeout, flower, baseline)
+        return row, (f"flwr {row['round_s']} s / round, in-process {row['inprocess_round_s']}, ratio {row['ratio']}, "
+                     f"last round {row['last_round_s']}, peak PSS {row['peak_pss_gb']:.2f} GB")
+
+    def describe(item: tuple) -> str:
+        n, evaluation, flower = item
+        return f"{n} clients, evaluation {evaluation}, {'Flower' + chr(39) + 's own path' if flower else 'patched path'}"
+
+    rows = scale_e2e.run_rows(plan, describe, one, lambda rows: write(rows, args.out, command, stamp), "scale-round-")
     return 0 if all(r["status"] == "finished:completed" for r in rows) else 1
 
 
