@@ -344,3 +344,97 @@ def test_longtail_with_two_classes_cuts_the_second_by_the_imbalance_factor():
     pools = P.PARTITIONS["longtail-dirichlet"](ds, 2, np.random.default_rng(0),
                                                P.DEFAULT_PARAMS | {"imbalance-factor": 4.0, "alpha": 1.0, "min-size": 1})
     assert np.bincount(ds.y[np.concatenate(pools)], minlength=2).tolist() == [80, 20]
+
+
+# ------------------------------------------------------------ the rules the mutation run found untested
+
+def _before_each_class(counts):
+    """(clients, classes) label counts -> what each client held before each class was dealt (ascending)."""
+    return np.cumsum(counts, axis=1) - counts
+
+
+def test_dirichlet_gives_a_full_client_nothing_more_and_a_class_drawn_for_full_clients_to_the_others_evenly():
+    # alpha ~ 0 makes every draw (nearly exactly) one-hot: a class goes whole to one client, unless that client
+    # already holds >= N/n (the self-balancing cap), when the class is shared evenly by the clients below it
+    ds = _tiny(np.repeat(np.arange(6), 10))  # 3 clients: cap 20, reached exactly by two whole classes
+    cap, exactly_full, shared = 20, 0, 0
+    for seed in range(20):
+        counts = _pools(ds, "dirichlet", 3, seed, alpha=1e-6, **{"min-size": 1})
+        assert (counts.sum(axis=0) == 10).all()  # every sample of every class dealt once
+        held = _before_each_class(counts)
+        for cls in range(6):
+            full, got = held[:, cls] >= cap, counts[:, cls]
+            assert not got[full].any()  # a client at the cap (or above) gets no more
+            exactly_full += int((held[:, cls] == cap).any())
+            if np.count_nonzero(got) > 1:  # the draw fell on a full client: the others share the class evenly
+                assert np.array_equal(got > 0, ~full) and got[~full].max() - got[~full].min() <= 1
+                shared += 1
+    assert exactly_full > 10 and shared > 5  # both cases occur, often
+
+
+def test_dirichlet_default_min_size_is_40_inclusive_when_half_a_fair_share_is_more():
+    # 164 samples, 2 clients: half a fair share is 41, so the default is 40; alpha ~ 0 deals whole classes, and
+    # a client holding the one class of 40 is exactly at the bound
+    ds = _tiny(np.repeat(np.arange(4), [40, 40, 40, 44]))
+    smallest = []
+    for seed in range(8):
+        default = _pools(ds, "dirichlet", 2, seed, alpha=1e-6)
+        assert np.array_equal(default, _pools(ds, "dirichlet", 2, seed, alpha=1e-6, **{"min-size": 40}))
+        smallest.append(int(default.sum(axis=1).min()))
+    assert min(smallest) == 40  # a client of exactly 40 samples is kept
+
+
+def test_longtail_default_min_size_is_10_inclusive_and_an_explicit_one_replaces_it():
+    ds = _tiny(np.repeat(np.arange(3), 40))
+    params = {"imbalance-factor": 1.0, "alpha": 0.5}
+    default, explicit_1 = [], []
+    for seed in range(12):
+        a = _pools(ds, "longtail-dirichlet", 4, seed, **params)
+        assert np.array_equal(a, _pools(ds, "longtail-dirichlet", 4, seed, **params, **{"min-size": 10}))
+        default.append(int(a.sum(axis=1).min()))
+        explicit_1.append(int(_pools(ds, "longtail-dirichlet", 4, seed, **params, **{"min-size": 1}).sum(axis=1).min()))
+    assert min(default) == 10  # a client of exactly 10 samples is kept
+    assert min(explicit_1) < 10 and min(explicit_1) >= 1  # min-size 1 keeps smaller clients
+
+
+def test_longtail_does_not_self_balance():
+    # alpha ~ 0: each class goes whole to one client, even to a client that already holds more than N/n
+    ds = _tiny(np.repeat(np.arange(6), 10))
+    over_cap = 0
+    for seed in range(20):
+        counts = _pools(ds, "longtail-dirichlet", 3, seed, alpha=1e-6, **{"imbalance-factor": 1.0, "min-size": 1})
+        assert ((counts > 0).sum(axis=0) == 1).all() and (counts.sum(axis=0) == 10).all()
+        over_cap += int(((_before_each_class(counts) >= 20) & (counts > 0)).any())
+    assert over_cap > 3
+
+
+def test_pairs_first_share_takes_every_value_from_a_fifth_to_a_half():
+    # randint(rem // 5, rem // 2) inclusive over what remains: 100 samples -> every value in 20..50 occurs
+    ds = _tiny(np.repeat(np.arange(10), 100))
+    first = set()
+    for seed in range(60):
+        counts = _pools(ds, "pairs", 10, seed, **{"pairs-mode": "cyclic"})
+        for label in range(10):
+            first.add(int(counts[np.flatnonzero(counts[:, label])[0], label]))
+    assert first == set(range(20, 51))
+
+
+@pytest.mark.parametrize("n, c", [(5, 3), (4, 2), (3, 1)])
+def test_pathological_client_i_holds_the_slots_i_c_to_i_c_plus_c_of_the_seeded_class_order(n, c):
+    # the scheme's first draw is the class order; client i takes the c consecutive slots from i*c on, wrapping
+    ds = _tiny(np.repeat(np.arange(7), 30), 8)  # class 7 absent: the order runs over the 7 present classes
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(7)
+        counts = _pools(ds, "pathological", n, seed, **{"classes-per-client": c})
+        for i in range(n):
+            assert set(np.flatnonzero(counts[i])) == {int(order[(i * c + j) % 7]) for j in range(c)}
+
+
+def test_federated_data_reads_the_given_data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing but the folder given may supply the pool
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (12, 3, 32, 32), dtype=np.uint8), np.arange(12) % 10
+    np.savez(tmp_path / "cifar10.npz", x=x, y=y)
+    data, splits = P.federated_data("cifar10", "iid", 2, 0, str(tmp_path), (), ())
+    assert np.array_equal(data.y, y) and data.x.shape == (12, 3, 32, 32)
+    assert sorted(np.concatenate([np.r_[s.train, s.test] for s in splits]).tolist()) == list(range(12))
