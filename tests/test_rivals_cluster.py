@@ -474,6 +474,18 @@ def test_bipartition_of_clients_without_structure_cuts_off_the_last_one():
     assert cfl_math.bipartition(np.array([[1.0, -1.0], [-1.0, 1.0]]), "complete").tolist() == [0, 1]
 
 
+def test_bipartition_defaults_to_the_papers_single_linkage_and_labels_are_integers():
+    for seed in range(40):  # a case where the two linkages disagree, so that the default is seen to be single
+        v = np.random.default_rng(seed).standard_normal((7, 5))
+        sim = pairwise.cosine_matrix(v @ v.T)
+        if not np.array_equal(cfl_math.bipartition(sim, "single"), cfl_math.bipartition(sim, "complete")):
+            break
+    labels = cfl_math.bipartition(sim)
+    assert cfl_math.max_cross_similarity(sim, labels) == pytest.approx(_best_bipartition(sim)[0])
+    assert labels.dtype.kind == "i" and np.bincount(labels, minlength=2).sum() == 7  # 0/1 labels index parts
+    assert cfl_math.bipartition(np.ones((3, 3))).dtype.kind == "i"  # the no-structure cut too
+
+
 def test_gamma_max_of_a_split():
     assert cfl_math.gamma_max(-1.0) == pytest.approx(1.0) and cfl_math.gamma_max(0.5) == pytest.approx(0.5)
     assert cfl_math.gamma_max(1.0) == 0.0
