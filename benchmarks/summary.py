@@ -10,6 +10,11 @@ seeds and reads "tie" where it covers 0 (``runner.stats``). The paper's gain com
 (docs/papers/numbers, ``benchmarks.paper_numbers``): its method minus the best baseline of that table column, on
 the paper's dataset, which the cell names.
 
+Two files: ``table.md``, the rows on the papers' own data (Fashion-MNIST, which every paper but FedSaC and pFedPM
+reports, and the nearest public data to theirs), which README.md leads with; ``embedded-data.md``, the rows on the
+data shipped inside the package (``mnist5k``, ``synthetic``: cut-down stand-ins for the papers' data), which
+docs/papers/embedded-data.md shows.
+
     python -m benchmarks.summary [--out docs/results/summary]
 """
 
@@ -31,6 +36,8 @@ LEFT_OUT = {"fedfcd-mnist5k-bytes": "a bytes count over a few rounds",
             "fedmcsa-synthetic-n20-t400": "a diagnostic: the acceptance check run 8 times longer",
             "fedmcsa-synthetic-dnn-options": "FedMCSA's options one at a time, no baselines",
             "fedsac-digits-quick": "a few-minute check of the comparison figures on digits, not the paper's setting"}
+# the datasets shipped inside the package: their rows go to embedded-data.md, not README's table
+EMBEDDED_DATA = ("mnist5k", "synthetic")
 
 
 def _baselines() -> set[str]:
@@ -64,7 +71,8 @@ def summary_rows(results: Path = ROOT / "docs" / "results") -> list[dict]:
             if best.get("paired_vs") == method and best.get("paired_metric") == key:
                 paired = {k: best.get(f"diff_{k}") for k in ("mean", "lo", "hi", "n")}
                 paired["tie"] = bool(paired["lo"] <= 0 <= paired["hi"])
-            rows.append({"method": method, "table": folder.name, "metric": key, "seeds": int(table[method]["seeds"]),
+            rows.append({"method": method, "table": folder.name, "dataset": preset.get("run-config", {}).get("dataset"),
+                         "metric": key, "seeds": int(table[method]["seeds"]),
                          "ours": table[method][key], "ours_std": table[method][f"{key}_std"],
                          "baseline": best["method"], "base": best[key], "base_std": best[f"{key}_std"],
                          "paired": paired, "claimed": paper_numbers.gain(sources[0]) if sources else None})
@@ -118,9 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "summary")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "table.md").write_text(render(summary_rows()))
-    print((args.out / "table.md").read_text())
+    for name, rows in split_by_data(summary_rows()).items():
+        (args.out / name).write_text(render(rows))
+        print((args.out / name).read_text())
     return 0
+
+
+def split_by_data(rows: list[dict]) -> dict[str, list[dict]]:
+    """File name -> its rows: the papers' own data in ``table.md``, the embedded data in ``embedded-data.md``."""
+    return {"table.md": [r for r in rows if r["dataset"] not in EMBEDDED_DATA],
+            "embedded-data.md": [r for r in rows if r["dataset"] in EMBEDDED_DATA]}
 
 
 if __name__ == "__main__":

@@ -351,6 +351,22 @@ def test_aggregation_rounds_integer_tensors_and_mixes_every_float_tensor():
     assert half.dtype == np.float32 and half.shape == (2, 1, 2)
 
 
+
+def test_aggregation_writes_the_product_into_the_given_out_array():
+    """``out`` given (a float tensor's (n, size) buffer): the product is written there and returned as a view
+    of it, for any shape of the stacked tensor; without it a new array comes back."""
+    rng = np.random.default_rng(40)
+    w = rng.dirichlet(np.ones(3), size=3)
+    stacked = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    expected = np.einsum("ij,jkl->ikl", w, stacked.astype(np.float64))
+    out = np.full((3, 8), np.nan, np.float32)
+    mixed = aggregate_by_graph(w, stacked, out)
+    assert mixed.shape == (3, 2, 4) and mixed.dtype == np.float32 and np.shares_memory(mixed, out)
+    np.testing.assert_allclose(out.reshape(3, 2, 4), expected, rtol=1e-5, atol=1e-6)
+    fresh = aggregate_by_graph(w, stacked)
+    assert not np.shares_memory(fresh, out)
+    np.testing.assert_array_equal(fresh, mixed)
+
 # ================================================================= the client: regulariser and subspace
 def test_paper_regulariser_value_is_minus_lambda_cosine_to_the_reference():
     model = torch.nn.Linear(3, 2)
@@ -589,6 +605,43 @@ def test_mixing_in_column_blocks_writes_each_clients_record_as_one_product(monke
                 np.testing.assert_allclose(got[k], expected, rtol=1e-5, atol=1e-6)
 
 
+
+def test_mixing_blocks_cover_every_column_once_and_write_into_reused_scratch(monkeypatch):
+    """mixed_records' column blocks: each holds at most GRAM_BLOCK values (one column when a column alone
+    is more), together they cover every value of every tensor exactly once, and on the CPU each float
+    block's product is written into the scratch reused block after block: torch allocates nothing while
+    the records are mixed (a fresh product per block would be GRAM_BLOCK values a block at scale)."""
+    from torch.autograd.profiler import profile
+
+    from fedstrategies import server_device
+
+    rng = np.random.default_rng(41)
+    weights = {"a": rng.standard_normal((5, 3)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32),
+               "c.num_batches_tracked": np.array(4, np.int64)}
+    strategy = tiny_strategy(4, weights=weights)
+    states = [{k: (v + rng.standard_normal(v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v + i
+               for k, v in weights.items()} for i in range(4)]
+    w = rng.dirichlet(np.ones(4), size=4)
+    blocks = []
+
+    def spy(graph, stacked, out=None):  # the real product, its block shapes noted
+        blocks.append(stacked.shape)
+        return aggregate_by_graph(graph, stacked, out)
+
+    monkeypatch.setattr(fedsac_module, "aggregate_by_graph", spy)
+    for block in (1 << 24, 12, 2):
+        monkeypatch.setattr(fedsac_module, "GRAM_BLOCK", block)
+        blocks.clear()
+        with profile(profile_memory=True) as prof:  # torch's CPU allocations (numpy's are not counted)
+            records = strategy.mixed_records(w, states, list(weights))
+        assert all(rows == 4 and rows * cols <= max(block, 4) for rows, cols in blocks)
+        assert sum(cols for _, cols in blocks) == sum(v.size for v in weights.values())
+        if server_device.current().type == "cpu":
+            assert sum(max(e.cpu_memory_usage, 0) for e in prof.function_events) == 0
+        for i, record in enumerate(records):
+            got = wire.unpack_arrays(record)
+            np.testing.assert_allclose(got["a"], sum(w[i, j] * states[j]["a"] for j in range(4)), rtol=1e-5, atol=1e-6)
+
 def test_strategy_passes_clamp_angles_and_alpha_schedule_options_to_the_math():
     rng = np.random.default_rng(17)
     strategy = tiny_strategy(3, rounds=10, alpha=0.6, beta=2.0, **{"sim-clamp": 0.1, "angles": "greedy_columns",
@@ -679,6 +732,30 @@ def test_authors_mode_references_by_a_loop_including_small_norm_models():
     assert strategy.train_config(2, 2) == {REGULARISER: "off"}
 
 
+
+def test_authors_references_of_a_one_client_round_and_of_norms_a_float32_sum_would_round():
+    """c_i = sum_j W_ij theta_j / |theta_j|: a round of one client gets its own theta / |theta|; |theta_j| is
+    summed in float64 (in float32, 64 entries of 4096 and 65,536 of 1 lose every 1: 6e-5 of |theta|^2),
+    checked against the float64 formula."""
+    rng = np.random.default_rng(44)
+    strategy = tiny_strategy(3, regulariser="authors")
+    replies, _ = tiny_round(strategy, rng, [1])
+    theta = vectors(replies, strategy, minus_init=False)[0]
+    got = wire.unpack_arrays(strategy.train_payload(1, 2)[REFERENCE])
+    np.testing.assert_allclose(np.concatenate([got[k].ravel() for k in ("body.w", "head.b")]),
+                               theta / np.linalg.norm(theta), rtol=1e-6)
+    wide = {"w": np.concatenate([np.full(64, 4096, np.float32), np.ones(1 << 16, np.float32)]),
+            "b": np.full(3, 2.0, np.float32), "bn.running_var": np.full(3, 1e6, np.float32)}
+    strategy = tiny_strategy(2, weights=wide, regulariser="authors")
+    states = [wide, {k: v * np.float32(0.5) + 1 for k, v in wide.items()}]
+    w = np.array([[0.6, 0.4], [0.3, 0.7]])
+    thetas = [np.concatenate([s[k].astype(np.float64) for k in ("w", "b")]) for s in states]
+    for i, record in enumerate(strategy.authors_references(w, states)):
+        got = wire.unpack_arrays(record)
+        assert set(got) == {"w", "b"}  # BatchNorm statistics are neither mixed nor counted in |theta|
+        expected = sum(w[i, j] * thetas[j] / np.linalg.norm(thetas[j]) for j in range(2))
+        np.testing.assert_allclose(np.concatenate([got["w"], got["b"]]), expected, rtol=1e-6)
+
 def test_check_reply_bounds():
     rng = np.random.default_rng(22)
     strategy = tiny_strategy(2)
@@ -715,6 +792,60 @@ def test_checkpoint_restores_theta0_for_clients_never_aggregated():
     assert all(np.array_equal(got[k], TINY[k]) for k in TINY)
     assert restored.references.keys() == {0, 1} and restored.num_examples == strategy.num_examples
 
+
+
+def test_graph_rows_are_the_blocks_written_so_far_each_column_once():
+    """write_block(pids, B) is W[pids, pids] = B on the N x N matrix: row i keeps its weights to clients
+    outside pids and holds every column a round wrote exactly once (zero weights included), in
+    partition-id order; the matrix rebuilt from the rows is W. Checked against W and a mask of the written
+    entries kept by hand over overlapping rounds with unsorted pids."""
+    rng = np.random.default_rng(42)
+    strategy = tiny_strategy(6)
+    dense, written = np.zeros((6, 6)), np.zeros((6, 6), bool)
+    for pids in ([3, 0, 2], [2, 5], [5, 3, 0, 1], [4], [1, 2, 3]):
+        block = rng.dirichlet(np.ones(len(pids)), size=len(pids))
+        block[block < 0.2] = 0.0  # the simplex projection leaves exact zeros: they are written too
+        strategy.write_block(pids, block)
+        dense[np.ix_(pids, pids)], written[np.ix_(pids, pids)] = block, True
+        assert set(strategy.graph_rows) == set(np.flatnonzero(written.any(axis=1)).tolist())
+        for pid, (cols, weights) in strategy.graph_rows.items():
+            np.testing.assert_array_equal(cols, np.flatnonzero(written[pid]))
+            np.testing.assert_array_equal(weights, dense[pid, cols])
+        np.testing.assert_array_equal(strategy.graph, dense)
+
+
+def test_a_dense_checkpoint_of_an_older_version_loads_as_the_rows_it_was_written_from():
+    """A checkpoint written before graph_rows holds W as an N x N matrix ("graph"): it loads to the same W,
+    one row per client a round wrote (the non-zero entries, their partition ids as int64), the same
+    personal models, and the run goes on from it exactly as from the checkpoint of today."""
+    from server_app import checkpoints
+
+    rng = np.random.default_rng(43)
+    strategy = tiny_strategy(5)
+    tiny_round(strategy, rng, [0, 1, 2])
+    tiny_round(strategy, rng, [2, 3], server_round=2)  # client 4 is never aggregated: no row
+    state = strategy.state_dict()
+    old = {"method": {**{k: v for k, v in state["method"].items() if k != "graph_rows"}, "graph": strategy.graph},
+           "base": state["base"]}
+    restored = tiny_strategy(5)
+    restored.load_state_dict(checkpoints.loads(checkpoints.dumps({"round": 2, "strategy": old}))["strategy"])
+    dense = strategy.graph
+    assert set(restored.graph_rows) == {0, 1, 2, 3}
+    for pid, (cols, weights) in restored.graph_rows.items():
+        assert cols.dtype == np.int64
+        np.testing.assert_array_equal(cols, np.flatnonzero(dense[pid]))
+        np.testing.assert_array_equal(weights, dense[pid][dense[pid] != 0])
+    np.testing.assert_array_equal(restored.graph, dense)
+    for pid in range(5):
+        assert restored.personal_record(pid).keys() == strategy.personal_record(pid).keys()
+        for k, v in strategy.personal_weights(pid).items():
+            np.testing.assert_array_equal(restored.personal_weights(pid)[k], v)
+    replies, _ = tiny_round(strategy, rng, [1, 3], server_round=3)
+    restored.aggregate(3, replies)
+    np.testing.assert_array_equal(restored.graph, strategy.graph)
+    for pid in range(5):
+        for k, v in strategy.personal_weights(pid).items():
+            np.testing.assert_array_equal(restored.personal_weights(pid)[k], v)
 
 def test_example_reply_passes_the_checks_and_is_empty_for_evaluate():
     """The benchmark's reply: theta(0) plus N(0, 0.01^2) noise on every float entry, counters as they are."""
