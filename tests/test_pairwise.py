@@ -283,3 +283,178 @@ def test_pairwise_alone_forms_the_servers_products_on_the_server_device():
                     and node.value.id == "server_device" and node.attr not in placement):
                 found.append(f"{path.name}:{node.lineno}: server_device.{node.attr}")
     assert not found, found
+
+
+# ====================================================================== rows stacked by tensor
+# FedSaC's and MuPFL's Gram matrices (``row_gram``), FedMCSA's attention Gram (``gram_rows``) and its attention and
+# mixing in one upload (``gram_and_mix``), FedSaC's and pFedGraph's mixing W @ Theta (``product``): against numpy in
+# float64 on integer-valued rows, whose float32 products are exact, so "equal" means to the last bit.
+EXACT = 4097  # 4097^2 = 2^24 + 8193 needs 25 bits: float32 rounds it, float64 does not
+
+
+@pytest.fixture
+def server_on_session_device():
+    """The products on the server device of this test session (``--device``); the CPU again after."""
+    from fedstrategies import server_device
+    from tests.conftest import test_device
+
+    server_device.select(test_device())
+    yield server_device.current()
+    server_device.select("cpu")
+
+
+def _column_blocks(rows: np.ndarray, width: int, minus: np.ndarray | None, as_list: bool):
+    """(rows, reference) per column block of ``width`` (the last one shorter when the columns are not a multiple
+    of it), the rows as a list of flat views (FedSaC) or one 2-D array; the reference a vector shared by every row
+    (FedSaC's initial model), one row per row (MuPFL's pre-trained heads) or None."""
+    out = []
+    for start in range(0, rows.shape[1], width):
+        block = rows[:, start:start + width]
+        ref = None if minus is None else minus[..., start:start + width]
+        out.append(([row for row in block] if as_list else block, ref))
+    return out
+
+
+@pytest.mark.parametrize("as_list", [True, False])
+@pytest.mark.parametrize("reference", [None, "shared", "per row"])
+def test_row_gram_over_column_blocks_equals_the_dense_gram(server_on_session_device, as_list, reference):
+    """G = sum over blocks of (A_b - m_b)(A_b - m_b)^T equals the float64 Gram matrix of the whole rows, with block
+    edges inside the rows and a short last block (23 columns in blocks of 5, and of 23 and 30: one block)."""
+    rng = np.random.default_rng(20)
+    n, d = 6, 23
+    rows = rng.integers(-8, 9, size=(n, d)).astype(np.float32)
+    minus = {None: None, "shared": rng.integers(-8, 9, size=d).astype(np.float32),
+             "per row": rng.integers(-8, 9, size=(n, d)).astype(np.float32)}[reference]
+    centred = rows.astype(np.float64) - (0.0 if minus is None else minus)
+    for width in (5, 23, 30):
+        got = pairwise.row_gram(iter(_column_blocks(rows, width, minus, as_list)), n, capacity=n * min(width, d))
+        assert got.dtype == np.float64 and got.shape == (n, n)
+        np.testing.assert_array_equal(got, centred @ centred.T)
+
+
+def test_row_gram_sums_its_blocks_in_float64(server_on_session_device):
+    """Two blocks whose products are 2^24 and 1: float64 keeps the sum 2^24 + 1, float32 would round it to 2^24."""
+    rows = np.array([[4096.0, 1.0], [0.0, 1.0]], dtype=np.float32)
+    got = pairwise.row_gram(iter(_column_blocks(rows, 1, None, True)), 2, capacity=2)
+    assert got.tolist() == [[2.0 ** 24 + 1, 1.0], [1.0, 1.0]]
+
+
+def test_row_gram_over_many_rows_is_exactly_symmetric_off_its_diagonal_blocks(server_on_session_device):
+    """From ``SYMMETRIC_ROWS`` rows only the blocks on and above the diagonal are computed and mirrored: the
+    result still equals the dense Gram matrix, and the mirrored entries equal their transposes bit for bit."""
+    from fedstrategies import server_device
+
+    n = server_device.SYMMETRIC_ROWS + 37
+    rows = np.random.default_rng(21).standard_normal((n, 40)).astype(np.float32)
+    got = pairwise.row_gram(iter(_column_blocks(rows, 16, None, True)), n, capacity=n * 16)
+    want = rows.astype(np.float64) @ rows.T.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    chunk = -(-n // server_device.SYMMETRIC_CHUNKS)
+    off = ~np.kron(np.eye(server_device.SYMMETRIC_CHUNKS, dtype=bool), np.ones((chunk, chunk), bool))[:n, :n]
+    np.testing.assert_array_equal(got[off], got.T[off])
+
+
+def test_row_gram_uploads_into_two_buffers_of_its_capacity_however_the_blocks_grow(server_on_session_device):
+    """``capacity`` is the most values a block holds: the rows of every block are stacked into one of two upload
+    buffers of that size, allocated once, not grown block by block (each new block costing its page faults).
+    Blocks of 100 to 8,000 columns (a buffer grown to each new block would hold three of the last blocks at once):
+    host memory traced during the call stays at the two buffers. (On CUDA the staging buffers are pinned torch
+    memory, which tracemalloc does not see.)"""
+    import tracemalloc
+
+    n, widths = 4, [100, 200, 7998, 7999, 8000]
+    rows = np.random.default_rng(22).integers(-8, 9, size=(n, sum(widths))).astype(np.float32)
+    edges = np.cumsum([0, *widths])
+    blocks = [([row[a:b] for row in rows], None) for a, b in zip(edges[:-1], edges[1:])]
+    capacity = n * max(widths)
+    want = rows.astype(np.float64) @ rows.T.astype(np.float64)
+    np.testing.assert_array_equal(pairwise.row_gram(iter(blocks), n, capacity=capacity), want)  # warm: imports done
+    tracing = tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        got = pairwise.row_gram(iter(blocks), n, capacity=capacity)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    np.testing.assert_array_equal(got, want)
+    buffers = 2 * capacity * np.dtype(np.float32).itemsize
+    assert peak < 1.25 * buffers, (peak, buffers)
+
+
+def test_gram_rows_is_formed_in_the_dtype_asked_for_and_returned_as_float64(server_on_session_device):
+    """float64 keeps 4097^2 + 1 exact where float32 rounds it; None forms it in the rows' own dtype."""
+    x32 = np.array([[EXACT, 1.0, 0.0], [1.0, EXACT, 2.0]], dtype=np.float32)
+    exact = x32.astype(np.float64) @ x32.astype(np.float64).T
+    for x, dtype in ((x32, "float64"), (x32.astype(np.float64), None), (x32.astype(np.float64), "float64")):
+        got = pairwise.gram_rows(x, dtype)
+        assert got.dtype == np.float64
+        np.testing.assert_array_equal(got, exact)
+    for x, dtype in ((x32, None), (x32.astype(np.float64), "float32"), (x32, "float32")):
+        got = pairwise.gram_rows(x, dtype)
+        assert got.dtype == np.float64
+        assert got[0, 0] != exact[0, 0] and got[1, 1] != exact[1, 1]  # float32 lost the last digit
+        np.testing.assert_allclose(got, exact, rtol=2 ** -23)
+    np.testing.assert_array_equal(pairwise.gram_rows(x32.tolist(), "float64"), exact)  # any array-like
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_product_equals_numpy_in_the_arrays_dtype_and_writes_into_out(server_on_session_device, dtype):
+    """left @ right in the arrays' own dtype; with ``out`` the product is written there and ``out`` itself is
+    returned (FedSaC's and pFedGraph's mixing reuse one buffer for every column block)."""
+    if np.dtype(dtype).kind == "i" and server_on_session_device.type == "cuda":
+        pytest.skip("CUDA has no integer matrix product")
+    rng = np.random.default_rng(23)
+    left, right = (rng.integers(-8, 9, size=shape).astype(dtype) for shape in ((5, 7), (7, 11)))
+    want = left.astype(np.int64) @ right.astype(np.int64)
+    got = pairwise.product(left, right)
+    assert got.dtype == dtype and got.shape == (5, 11)
+    np.testing.assert_array_equal(got, want)
+    out = np.full((5, 11), 99, dtype=dtype)
+    assert pairwise.product(left, right, out) is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(pairwise.product(left, right.T.copy().T), want)  # a non-contiguous operand
+
+
+def _row_softmax(g: np.ndarray) -> np.ndarray:
+    e = np.exp(g - g.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gram_and_mix_gives_the_weights_of_the_gram_and_their_mixing(server_on_session_device, dtype):
+    """FedMCSA's route: ``weights_of`` receives X X^T formed in float64 by default (exact where float32 would round
+    4097^2 + 1), the weights come back as it returned them and the mixing W @ X is in x's dtype."""
+    x = np.array([[EXACT, 1.0, 0.0, 3.0], [1.0, EXACT, 2.0, 0.0], [0.0, 2.0, 1.0, 1.0]], dtype=dtype)
+    exact = x.astype(np.float64) @ x.astype(np.float64).T
+    seen = []
+
+    def weights_of(g):
+        seen.append(g)
+        return _row_softmax(g / exact.max())
+
+    w, mixed = pairwise.gram_and_mix(x, weights_of)
+    assert len(seen) == 1 and seen[0].dtype == np.float64
+    np.testing.assert_array_equal(seen[0], exact)
+    np.testing.assert_array_equal(w, _row_softmax(exact / exact.max()))
+    assert mixed.dtype == dtype and mixed.shape == x.shape
+    want = w.astype(dtype).astype(np.float64) @ x.astype(np.float64)
+    np.testing.assert_allclose(mixed, want, rtol={np.float32: 1e-6, np.float64: 1e-14}[dtype])
+
+    seen.clear()
+    pairwise.gram_and_mix(x, weights_of, "float32")
+    assert seen[0].dtype == np.float64 and seen[0][0, 0] != exact[0, 0]  # formed in float32, rounded
+    np.testing.assert_allclose(seen[0], exact, rtol=2 ** -23)
+
+
+def test_gram_and_mix_without_a_gram_matrix_mixes_with_the_weights_given(server_on_session_device):
+    """FedMCSA's mean aggregation: ``gram_dtype`` None hands ``weights_of`` None (no Gram matrix formed)."""
+    x = np.random.default_rng(24).integers(-8, 9, size=(4, 9)).astype(np.float32)
+    mean = np.array([[0.25, 0.25, 0.5, 0.0]] * 4)
+    seen = []
+    w, mixed = pairwise.gram_and_mix(x, lambda g: seen.append(g) or mean, None)
+    assert seen == [None] and w is mean
+    np.testing.assert_array_equal(mixed, mean.astype(np.float32).astype(np.float64) @ x.astype(np.float64))
+    assert mixed.dtype == np.float32
