@@ -354,33 +354,56 @@ def test_row_gram_over_many_rows_is_exactly_symmetric_off_its_diagonal_blocks(se
     np.testing.assert_array_equal(got[off], got.T[off])
 
 
-def test_row_gram_uploads_into_two_buffers_of_its_capacity_however_the_blocks_grow(server_on_session_device):
-    """``capacity`` is the most values a block holds: the rows of every block are stacked into one of two upload
-    buffers of that size, allocated once, not grown block by block (each new block costing its page faults).
-    Blocks of 100 to 8,000 columns (a buffer grown to each new block would hold three of the last blocks at once):
-    host memory traced during the call stays at the two buffers. (On CUDA the staging buffers are pinned torch
-    memory, which tracemalloc does not see.)"""
+def _traced_peak(call):
+    """(call(), the most host memory it held at once beyond what was allocated before it, in bytes)."""
     import tracemalloc
 
-    n, widths = 4, [100, 200, 7998, 7999, 8000]
-    rows = np.random.default_rng(22).integers(-8, 9, size=(n, sum(widths))).astype(np.float32)
-    edges = np.cumsum([0, *widths])
-    blocks = [([row[a:b] for row in rows], None) for a, b in zip(edges[:-1], edges[1:])]
-    capacity = n * max(widths)
-    want = rows.astype(np.float64) @ rows.T.astype(np.float64)
-    np.testing.assert_array_equal(pairwise.row_gram(iter(blocks), n, capacity=capacity), want)  # warm: imports done
     tracing = tracemalloc.is_tracing()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        got = pairwise.row_gram(iter(blocks), n, capacity=capacity)
-        peak = tracemalloc.get_traced_memory()[1] - before
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1] - before
     finally:
         if not tracing:
             tracemalloc.stop()
+
+
+GROWING = [100, 200, 7998, 7999, 8000]  # block widths: a buffer grown to each new block holds three of the last ones
+
+
+def test_row_gram_uploads_into_two_buffers_of_its_capacity_however_the_blocks_grow(server_on_session_device):
+    """``capacity`` is the most values a block holds: the rows of every block are stacked into one of two upload
+    buffers of that size, allocated once, not grown block by block (each new block costing its page faults).
+    Blocks of 100 to 8,000 columns: host memory traced during the call stays at the two buffers. (On CUDA the
+    staging buffers are pinned torch memory, which tracemalloc does not see.)"""
+    n = 4
+    rows = np.random.default_rng(22).integers(-8, 9, size=(n, sum(GROWING))).astype(np.float32)
+    edges = np.cumsum([0, *GROWING])
+    blocks = [([row[a:b] for row in rows], None) for a, b in zip(edges[:-1], edges[1:])]
+    capacity = n * max(GROWING)
+    want = rows.astype(np.float64) @ rows.T.astype(np.float64)
+    np.testing.assert_array_equal(pairwise.row_gram(iter(blocks), n, capacity=capacity), want)  # warm: imports done
+    got, peak = _traced_peak(lambda: pairwise.row_gram(iter(blocks), n, capacity=capacity))
     np.testing.assert_array_equal(got, want)
     buffers = 2 * capacity * np.dtype(np.float32).itemsize
+    assert peak < 1.25 * buffers, (peak, buffers)
+
+
+def test_gram_uploads_into_two_buffers_of_one_column_block(server_on_session_device, monkeypatch):
+    """``gram``'s column blocks hold at most BLOCK values over all states: its two upload buffers are allocated at
+    that size once, however the tensors' blocks grow (tensors of 100 to 8,000 values, each one block here)."""
+    n = 4
+    monkeypatch.setattr(pairwise, "BLOCK", n * max(GROWING))
+    rng = np.random.default_rng(25)
+    states = [{f"t{i}": rng.integers(-8, 9, size=w).astype(np.float32) for i, w in enumerate(GROWING)}
+              for _ in range(n)]
+    x = np.stack([np.concatenate([np.asarray(s[k], np.float64) for k in s]) for s in states])
+    np.testing.assert_array_equal(pairwise.gram(states), x @ x.T)  # warm: imports done
+    got, peak = _traced_peak(lambda: pairwise.gram(states))
+    np.testing.assert_array_equal(got, x @ x.T)
+    buffers = 2 * pairwise.BLOCK * np.dtype(np.float32).itemsize
     assert peak < 1.25 * buffers, (peak, buffers)
 
 
