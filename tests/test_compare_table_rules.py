@@ -9,6 +9,8 @@ import csv
 import json
 import math
 import statistics
+import subprocess
+import warnings
 
 import pytest
 from scipy import stats as scipy_stats
@@ -402,22 +404,65 @@ def test_rerender_converts_population_stds_to_sample_stds_exactly_once_and_keeps
     assert again["a"]["final_acc_std"] == pytest.approx(statistics.stdev(runs["a"]), rel=1e-12)
 
 
+def _git(repo, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """A git checkout with one committed source file, standing in for the repository (``provenance.ROOT``)."""
+    (tmp_path / "fedcore").mkdir()
+    (tmp_path / "fedcore" / "x.py").write_text("A = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "init")
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    return tmp_path
+
+
 @pytest.mark.parametrize("dirty", [False, True])
-def test_rerender_records_its_commit_and_keeps_a_sample_std_table_as_it_is(tmp_path, dirty):
+def test_rerender_records_its_commit_and_keeps_a_sample_std_table_as_it_is(checkout, dirty):
+    folder = checkout / "docs" / "results" / "x"
+    folder.mkdir(parents=True)
     made = {"command": "cmd", "commit": "abc1234", **({"dirty": True} if dirty else {})}
-    runs = _old_table(tmp_path, {"compare": {}, "std": "sample", "made": made})
-    before = read_table_csv(tmp_path / "table.csv")
-    rerender(tmp_path)
-    after = read_table_csv(tmp_path / "table.csv")
+    runs = _old_table(folder, {"compare": {}, "std": "sample", "made": made})
+    before = read_table_csv(folder / "table.csv")
+    rerender(folder)  # a clean tree (docs/ is the builders' own output)
+    after = read_table_csv(folder / "table.csv")
     assert after[0]["final_acc_std"] == before[0]["final_acc_std"] == pytest.approx(statistics.pstdev(runs["a"]))
-    preset = json.loads((tmp_path / "preset.json").read_text())
-    assert preset["std"] == "sample"
-    assert preset["made"]["rerendered"] == provenance.tree_commit()
-    assert preset["made"]["dirty"] == (dirty or bool(provenance.uncommitted()))
-    table = (tmp_path / "table.md").read_text()
-    assert f"; re-rendered from table.csv at `{provenance.tree_commit()}`." in table
-    assert ("**Made from a tree with uncommitted changes" in table) == preset["made"]["dirty"]
-    assert "(ddof = 1). Client spread" in table
+    preset = json.loads((folder / "preset.json").read_text())
+    head = provenance.commit(checkout)
+    assert preset["std"] == "sample" and preset["made"]["rerendered"] == head and preset["made"]["dirty"] is dirty
+    table = (folder / "table.md").read_text()
+    assert f"; re-rendered from table.csv at `{head}`." in table and "(ddof = 1). Client spread" in table
+    assert ("**Made from a tree with uncommitted changes" in table) is dirty  # a dirty table stays marked
+
+
+def test_rerender_refuses_a_docs_table_from_a_dirty_tree_unless_allowed_and_then_says_so(checkout):
+    folder = checkout / "docs" / "results" / "x"
+    folder.mkdir(parents=True)
+    _old_table(folder, {"compare": {}, "std": "sample", "made": {"command": "cmd", "commit": "abc1234"}})
+    (checkout / "fedcore" / "x.py").write_text("A = 2\n")  # a source edit
+    with pytest.raises(provenance.DirtyTree, match="fedcore/x.py"):
+        rerender(folder)
+    rerender(folder, allow_dirty=True)
+    preset = json.loads((folder / "preset.json").read_text())
+    assert preset["made"]["dirty"] is True and preset["made"]["rerendered"] == provenance.tree_commit(checkout)
+    assert "**Made from a tree with uncommitted changes" in (folder / "table.md").read_text()
+
+
+def test_rerender_keeps_the_columns_of_an_older_table_csv(tmp_path):
+    """A table.csv of older code lacks columns: they are shown as "-" and not added to the file."""
+    (tmp_path / "table.csv").write_text("method,final_acc,final_acc_std,seeds\na,0.5,0.01,2\nb,0.6,0.02,1\n")
+    (tmp_path / "preset.json").write_text(json.dumps({"compare": {}}))
+    rerender(tmp_path)
+    with open(tmp_path / "table.csv", newline="") as f:
+        got = list(csv.reader(f))
+    assert got[0] == ["method", "final_acc", "final_acc_std", "seeds"] and got[2] == ["b", "0.6", "", "1"]
+    assert float(got[1][2]) == pytest.approx(0.01 * math.sqrt(2))
+    assert f"| a | 50.00 ± {100 * 0.01 * math.sqrt(2):.2f} | - | - | - | - | - | - | - | - |" in \
+        (tmp_path / "table.md").read_text()
 
 
 # ------------------------------------------------------------------------------------------------ sweep.md
@@ -471,3 +516,69 @@ def test_sweep_md_keeps_the_grids_order_among_equals_and_chooses_nothing_without
     empty = render_sweep(preset, {}).splitlines()
     assert empty[4] == "**Nothing chosen: no run of the grid has finished.**"
     assert [line.split(" | ")[-1] for line in empty[8:]] == ["0 |"] * 3
+
+
+def test_rows_read_rounds_to_target_from_each_runs_rounds_csv_when_not_given(tmp_path):
+    runs = []
+    for seed, curve in enumerate([(0.5, 0.8), (0.85, 0.5, 0.9)]):
+        folder = tmp_path / f"m-s{seed}"
+        folder.mkdir()
+        (folder / "rounds.csv").write_text("round,acc_weighted\n" + "".join(f"{i + 1},{a}\n" for i, a in enumerate(curve)))
+        runs.append({**_run(seed, 0.8), "results_dir": str(folder)})
+    rows = table_rows([Entry("m", "m")], {"m": runs}, {"compare": {"target-acc": 0.8}})
+    assert (rows[0]["rounds_to_target"], rows[0]["runs_reaching_target"]) == (1.5, "2/2")  # rounds 2 and 1
+    rows = table_rows([Entry("m", "m")], {"m": runs}, {"compare": {"target-acc": 0.9}})
+    assert (rows[0]["rounds_to_target"], rows[0]["runs_reaching_target"]) == (3.0, "1/2")
+
+
+def test_the_target_is_reached_within_float_rounding_and_not_reaching_it_warns_of_nothing():
+    just_below = 0.9 - 1e-12  # what a sum of per-client fractions may give for an exact 90%
+    assert rounds_to_target([{"round": "7", "acc": repr(just_below)}], "acc", 0.9) == 7
+    assert rounds_to_target([{"round": "7", "acc": repr(0.9 - 1e-9)}], "acc", 0.9) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "mean of empty slice" where no run reached it
+        assert math.isnan(target_row([None])["rounds_to_target"])
+
+
+def test_rows_by_hand_without_the_optional_columns_render_as_dashes():
+    """Rows of older code or made by hand (only the required keys): every missing cell is "-", a 1-seed row has no
+    ± whatever its std, the paper method's own paired cell is "-" and the others' are not available."""
+    base = {"final_acc": 0.9, "final_acc_std": 0.0, "client_acc_mean": 0.8, "client_acc_mean_std": 0.0,
+            "last10_acc": 0.85, "last10_acc_std": 0.0, "mb_up_per_round": NAN, "mb_down_per_round": 1.0,
+            "wall_s_per_round": NAN, "seeds": 1}
+    rows = [{**base, "method": "pfedpm", "best_acc": 0.95}, {**base, "method": "fedavg"}]
+    text = render_table(rows, {"compare": {}, "paper": {"metric": "weighted"}}, [])
+    lines = text.splitlines()
+    assert lines[2].endswith("1 seed, so no ± (no spread over seeds). Client spread: the std of the clients' final "
+                             "accuracies within a run, mean over seeds. Paired difference: the table's headline "
+                             "accuracy of pfedpm minus the row's, seed by seed (same seed = same split), mean and 95% "
+                             "t-interval (Student's t, n - 1 degrees of freedom, scipy.stats.t); \"tie\" where the "
+                             "interval covers 0.")
+    assert lines[4].startswith("| method | paper (weighted) | ours (weighted, best-of-test, optimistic) | final acc")
+    assert lines[6] == ("| pfedpm | - | 95.00 | 90.00 | 80.00 | 95.00 | - | 85.00 | - | - | 1.000 | - | - |")
+    assert lines[7] == ("| fedavg | - | - | 90.00 | 80.00 | - | - | 85.00 | - | - | 1.000 | - | "
+                        "not available until rebuilt |")
+    assert render_table([], {"compare": {}}, ["a seed 0: not run"]).endswith(  # no run finished: the footer says why
+        "| s / round |\n|---|---|---|---|---|---|---|---|\n\nNot run (1): a seed 0\n")
+
+
+def test_write_table_leaves_out_the_columns_the_preset_does_not_ask_for(tmp_path):
+    rows = [{**aggregate_row("a", [_run(0, 0.5), _run(1, 0.6)]), **target_row([3, 4])}]
+    write_table(rows, tmp_path, {"compare": {}}, [])  # rounds to target computed, but no target now
+    with open(tmp_path / "table.csv", newline="") as f:
+        assert next(csv.reader(f)) == COLUMNS + ["client_acc_std_within"]
+    assert "rounds to" not in (tmp_path / "table.md").read_text()
+
+
+def test_sweep_md_of_one_grid_point_and_of_float_values_and_several_columns():
+    preset = {"compare": {"seeds": [0]}, "run-config": {"dataset": "digits", "val-fraction": 0.1},
+              "sweep": {"method": "m", "lr": [2.0], "also": ["g", "h"]}}
+    run = {"seed": 0, "best_val_acc": 0.5, "best_val_round": 1, "test_acc_at_best_val": 0.4, "g_at_best_val": 0.3,
+           "h_at_best_val": 0.2}
+    lines = render_sweep(preset, {"m-2": [run]}).splitlines()
+    assert lines[1] == "Setting: dataset=digits, val-fraction=0.1; 10 clients; seeds [0]."
+    assert lines[3] == lines[5] == "" and lines[4] == "**Chosen on validation: lr = 2**."
+    assert lines[6] == ("| lr | best val acc (weighted) | best-val round(s) | test acc at best-val round (weighted) | "
+                        "g test acc at best-val round | h test acc at best-val round | runs |")
+    assert lines[7:] == ["|---|---|---|---|---|---|---|", "| 2 | 50.00 | [1] | 40.00 | 30.00 | 20.00 | 1 |"]
+    assert render_sweep(preset, {}).splitlines()[4] == "**Nothing chosen: no run of the grid has finished.**"
