@@ -558,6 +558,8 @@ def test_rows_by_hand_without_the_optional_columns_render_as_dashes():
     assert lines[6] == ("| pfedpm | - | 95.00 | 90.00 | 80.00 | 95.00 | - | 85.00 | - | - | 1.000 | - | - |")
     assert lines[7] == ("| fedavg | - | - | 90.00 | 80.00 | - | - | 85.00 | - | - | 1.000 | - | "
                         "not available until rebuilt |")
+    two = render_table([{**base, "method": "x", "seeds": 2, "best_acc": 0.95}], {"compare": {}, "paper": {"metric": "weighted"}}, [])
+    assert "| x | - | 95.00 | 90.00 ± <0.01 | 80.00 ± <0.01 | 95.00 | - |" in two  # a std not recorded: no ±
     assert render_table([], {"compare": {}}, ["a seed 0: not run"]).endswith(  # no run finished: the footer says why
         "| s / round |\n|---|---|---|---|---|---|---|---|\n\nNot run (1): a seed 0\n")
 
