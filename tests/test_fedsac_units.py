@@ -582,16 +582,21 @@ def test_gram_in_column_blocks_equals_one_product(monkeypatch):
             np.testing.assert_array_equal(stacks[k], before[k])
 
 
-def test_mixing_in_column_blocks_writes_each_clients_record_as_one_product(monkeypatch):
-    """theta~_i = sum_j W_ij theta_j, written block by block into each client's packed record, equals the
-    whole product, for block edges inside every tensor; integer counters are rounded back."""
-    rng = np.random.default_rng(17)
+def mixing_case(rng):
+    """Three tensors (one an integer counter), a 4-client strategy, 4 clients' states around them and a W."""
     weights = {"a": rng.standard_normal((5, 3)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32),
                "c.num_batches_tracked": np.array(4, np.int64)}
     strategy = tiny_strategy(4, weights=weights)
     states = [{k: (v + rng.standard_normal(v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v + i
                for k, v in weights.items()} for i in range(4)]
-    w = rng.dirichlet(np.ones(4), size=4)
+    return weights, strategy, states, rng.dirichlet(np.ones(4), size=4)
+
+
+def test_mixing_in_column_blocks_writes_each_clients_record_as_one_product(monkeypatch):
+    """theta~_i = sum_j W_ij theta_j, written block by block into each client's packed record, equals the
+    whole product, for block edges inside every tensor; integer counters are rounded back."""
+    rng = np.random.default_rng(17)
+    weights, strategy, states, w = mixing_case(rng)
     for block in (1 << 24, 12, 2):
         monkeypatch.setattr(fedsac_module, "GRAM_BLOCK", block)
         records = strategy.mixed_records(w, states, list(weights))
@@ -605,7 +610,6 @@ def test_mixing_in_column_blocks_writes_each_clients_record_as_one_product(monke
                 np.testing.assert_allclose(got[k], expected, rtol=1e-5, atol=1e-6)
 
 
-
 def test_mixing_blocks_cover_every_column_once_and_write_into_reused_scratch(monkeypatch):
     """mixed_records' column blocks: each holds at most GRAM_BLOCK values (one column when a column alone
     is more), together they cover every value of every tensor exactly once, and on the CPU each float
@@ -616,12 +620,7 @@ def test_mixing_blocks_cover_every_column_once_and_write_into_reused_scratch(mon
     from fedstrategies import server_device
 
     rng = np.random.default_rng(41)
-    weights = {"a": rng.standard_normal((5, 3)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32),
-               "c.num_batches_tracked": np.array(4, np.int64)}
-    strategy = tiny_strategy(4, weights=weights)
-    states = [{k: (v + rng.standard_normal(v.shape).astype(v.dtype)) if v.dtype.kind == "f" else v + i
-               for k, v in weights.items()} for i in range(4)]
-    w = rng.dirichlet(np.ones(4), size=4)
+    weights, strategy, states, w = mixing_case(rng)
     blocks = []
 
     def spy(graph, stacked, out=None):  # the real product, its block shapes noted

@@ -136,7 +136,6 @@ TARGETS: dict[str, Target] = {
                       "tests/test_compare_table_rules.py",
                       "tests/test_provenance.py::test_every_docs_table_with_per_run_data_recomputes_from_it",
                       "tests/test_provenance.py::test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits",
-                      "tests/test_paired.py",
                       # the tables' first selection
                       "tests/test_compare.py::test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv",
                       "tests/test_compare.py::test_the_papers_numbers_sit_beside_ours_in_the_papers_metric",
@@ -146,6 +145,8 @@ TARGETS: dict[str, Target] = {
                       "tests/test_compare.py::test_the_summary_compares_with_the_best_baseline_in_the_same_metric",
                       "tests/test_compare.py::test_the_summary_difference_carries_the_tables_paired_interval_and_says_tie",
                       "tests/test_compare.py::test_the_summary_leaves_out_a_table_whose_runs_are_not_all_made",
+                      # the query command's and the README summary's rules (runner/table.py, benchmarks/summary.py)
+                      "tests/test_table_queries.py", "tests/test_summary_rules.py", "tests/test_paired.py",
                       "tests/test_validation.py::test_comparison_tables_use_the_test_accuracy_at_the_best_validation_round",
                       "tests/test_rounds_to.py", "tests/test_moved.py"),
                      skip=("headline_metric", "paired_rows", "render_paired", "parse_pair"), copy=("docs",)),
