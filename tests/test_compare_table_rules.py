@@ -184,7 +184,7 @@ def test_the_headline_is_the_papers_metric_at_the_best_val_round_and_the_final_r
 
 
 def test_the_focus_is_the_presets_else_the_first_paper_method_and_none_without_one():
-    rows_of, runs, preset, vals = _study()
+    rows_of, runs, preset, _ = _study()
     rows = table_rows(rows_of, runs, {**preset, "compare": {**preset["compare"], "focus": "fedavg"}})
     assert {r["paired_vs"] for r in rows} == {"fedavg"}
     assert {r["method"]: r["diff_n"] for r in rows} == {"fedavg": 0, "pfedpm": 3, "pfedpm-global": 3}
@@ -195,7 +195,7 @@ def test_the_focus_is_the_presets_else_the_first_paper_method_and_none_without_o
 
 
 def test_headline_by_seed_is_each_rows_headline_per_seed_in_its_own_accuracy():
-    rows_of, runs, preset, vals = _study()
+    rows_of, runs, _, vals = _study()
     got = headline_by_seed(rows_of, runs, "test_acc_at_best_val")
     assert got["fedavg"] == dict(enumerate(vals["fedavg"])) and got["ditto"] == {}
     assert got["pfedpm-global"] == pytest.approx({s: v - 0.1 for s, v in enumerate(vals["pfedpm"])})
@@ -222,7 +222,8 @@ def test_the_paired_cell_and_its_header():
     assert paired_cell({**row, "diff_lo": -0.04, "diff_hi": 0.0}, "pfedpm") == "+2.00 [-4.00, +0.00] tie"
     assert paired_cell({**row, "diff_lo": 0.001}, "pfedpm") == "+2.00 [+0.10, +4.00]"
     assert paired_cell({**row, "diff_lo": -0.04, "diff_hi": -0.001}, "pfedpm") == "+2.00 [-4.00, -0.10]"
-    assert paired_cell({"method": "fedavg", "diff_mean": 0.02, "diff_n": 1.0}, "pfedpm") == "+2.00 (1 seed: no interval)"
+    one = {"method": "fedavg", "diff_mean": 0.02, "diff_n": 1.0}
+    assert paired_cell(one, "pfedpm") == "+2.00 (1 seed: no interval)"
     assert paired_cell({**row, "diff_n": NAN}, "pfedpm") == "not available until rebuilt"  # an older table.csv
     assert paired_cell({**row, "method": "pfedpm"}, "pfedpm") == "-"
     rows = [{"method": "fedavg", "test_acc_at_best_val": 0.9}, {"method": "pfedpm", "test_acc_at_best_val": 0.9}]
@@ -237,8 +238,8 @@ def test_the_paired_cell_and_its_header():
 
 def test_the_made_line_names_the_command_commits_source_hash_and_a_dirty_tree():
     made = {"command": "python -m runner.compare conf/x.toml", "commit": "abc1234"}
-    assert made_line({"made": made}) == ("Made by `python -m runner.compare conf/x.toml` at commit `abc1234`. The runs' "
-                                         "own commits were not recorded (run folders did not record them then).")
+    assert made_line({"made": made}) == ("Made by `python -m runner.compare conf/x.toml` at commit `abc1234`. The "
+                                         "runs' own commits were not recorded (run folders did not record them then).")
     assert made_line({}) == ("Made by `python -m runner.compare` on runs from before commits were recorded; the table "
                              "was re-rendered from its table.csv by the current code.")
     full = {**made, "rerendered": "def5678", "commits": {"abc1234": ["a-s0", "a-s1"]}, "source_hash": "0123"}
@@ -256,7 +257,7 @@ def test_the_made_line_names_the_command_commits_source_hash_and_a_dirty_tree():
 
 def _table_rows():
     """Rows as table_rows makes them: two validated rows, one without validation (best-of-test), one of 1 seed."""
-    rows_of, runs, preset, vals = _study()
+    rows_of, runs, preset, _ = _study()
     runs["local"] = [_run(0, 0.7, rounds=_curve(0.7, 0.95)), _run(1, 0.72, rounds=_curve(0.72))]
     runs["solo"] = [_run(0, 0.6, 0.61, rounds=_curve(0.6))]
     return table_rows([*rows_of, Entry("local", "local"), Entry("solo", "solo")], runs, preset), preset
@@ -279,7 +280,8 @@ def test_a_rendered_table_shows_each_rows_cells_its_columns_and_its_footer():
                       "test acc at best-val round (client mean)", "best-of-test acc (weighted, optimistic)",
                       "best-of-test acc (client mean, optimistic)", "last-10 mean (weighted)",
                       "client spread (std over clients)", "MB up / round", "MB down / round", "s / round",
-                      "rounds to 90%", "pfedpm minus row (final acc, weighted; points, paired 95% t-interval over seeds)"]
+                      "rounds to 90%",
+                      "pfedpm minus row (final acc, weighted; points, paired 95% t-interval over seeds)"]
     assert lines[5] == "|---" * len(header) + "|"
     cells = {line.split(" | ")[0].removeprefix("| "): [c.strip() for c in line.strip("|").split("|")][1:]
              for line in lines[6:6 + len(rows)]}
@@ -291,7 +293,8 @@ def test_a_rendered_table_shows_each_rows_cells_its_columns_and_its_footer():
         pct_cell(pf["client_acc_mean"], pf["client_acc_mean_std"]),
         pct_cell(pf["test_acc_at_best_val"], pf["test_acc_at_best_val_std"]),
         pct_cell(pf["test_client_acc_mean_at_best_val"], pf["test_client_acc_mean_at_best_val_std"]),
-        pct_cell(pf["best_acc"], pf["best_acc_std"]), pct_cell(pf["best_client_acc_mean"], pf["best_client_acc_mean_std"]),
+        pct_cell(pf["best_acc"], pf["best_acc_std"]),
+        pct_cell(pf["best_client_acc_mean"], pf["best_client_acc_mean_std"]),
         pct_cell(pf["last10_acc"], pf["last10_acc_std"]), "4.00", "3.000", "5.003", "2.50", "2.0 ± 0.0", "-"]
     # fedavg: best-val accuracies 0.86, 0.91, 0.90 -> 89.00 ± 2.65; its rounds 4, 2, 2 -> 2.7 ± 1.2
     assert cells["fedavg"][0] == "-" and cells["fedavg"][4] == "89.00 ± 2.65" and cells["fedavg"][-2] == "2.7 ± 1.2"
@@ -328,7 +331,8 @@ def test_a_table_without_a_paper_method_target_or_validation_has_only_its_column
                         "optimistic) | best-of-test acc (client mean, optimistic) | last-10 mean (weighted) | client "
                         "spread (std over clients) | MB up / round | MB down / round | s / round |")
     assert lines[6].startswith(f"| a | {pct_cell(0.55, statistics.stdev([0.5, 0.6]))} |")
-    assert lines[7].startswith("| b | 70.00 ± <0.01 |") and lines[7].endswith("| 71.50 ± <0.01 | 69.50 ± <0.01 | - | 2.500 | 5.002 | 2.00 |")
+    assert lines[7].startswith("| b | 70.00 ± <0.01 |")
+    assert lines[7].endswith("| 71.50 ± <0.01 | 69.50 ± <0.01 | - | 2.500 | 5.002 | 2.00 |")
     one = render_table([aggregate_row("a", [_run(0, 0.5)])], {"compare": {}}, [])
     assert "1 seed, so no ± (no spread over seeds)." in one and "± is" not in one
     assert "| a | 50.00 |" in one  # the only row has all the seeds there are: no "(1 seed)" label
@@ -495,15 +499,15 @@ def test_sweep_md_ranks_the_grid_on_validation_and_shows_test_for_information_on
     assert lines[7] == "|---|---|---|---|---|---|---|"
     assert lines[8:] == [
         "| 0.01 | b | 86.00 | [2] | 70.00 | - | 1 |",
-        f"| 0.01 | a | {pct_cell(0.82, statistics.stdev([0.80, 0.84]))} | [3, 4] | "
-        f"{pct_cell(0.96, statistics.stdev([0.95, 0.97]))} | {pct_cell(0.55, statistics.stdev([0.5, 0.6]))} | 2 |",
+        (f"| 0.01 | a | {pct_cell(0.82, statistics.stdev([0.80, 0.84]))} | [3, 4] | "
+         f"{pct_cell(0.96, statistics.stdev([0.95, 0.97]))} | {pct_cell(0.55, statistics.stdev([0.5, 0.6]))} | 2 |"),
         "| 0.1 | b | 82.00 | [5, None] | 72.00 | - | 2 |",  # a seed without validation: the others' mean
         "| 0.1 | a | - | [] | - | - | 0 |",  # not run: last
     ]
 
 
 def test_sweep_md_keeps_the_grids_order_among_equals_and_chooses_nothing_without_runs():
-    preset, runs = _sweep()
+    preset, _ = _sweep()
     preset = {"compare": {"methods": []}, "sweep": {"method": "m", "lr": [0.5, 0.25, 2]}}
     same = {f"m-{lr:g}": [{"seed": 0, "best_val_acc": 0.9, "best_val_round": 1, "test_acc_at_best_val": t}]
             for lr, t in ((0.5, 0.1), (0.25, 0.9), (2, 0.5))}
@@ -523,7 +527,8 @@ def test_rows_read_rounds_to_target_from_each_runs_rounds_csv_when_not_given(tmp
     for seed, curve in enumerate([(0.5, 0.8), (0.85, 0.5, 0.9)]):
         folder = tmp_path / f"m-s{seed}"
         folder.mkdir()
-        (folder / "rounds.csv").write_text("round,acc_weighted\n" + "".join(f"{i + 1},{a}\n" for i, a in enumerate(curve)))
+        rows = "".join(f"{i + 1},{a}\n" for i, a in enumerate(curve))
+        (folder / "rounds.csv").write_text("round,acc_weighted\n" + rows)
         runs.append({**_run(seed, 0.8), "results_dir": str(folder)})
     rows = table_rows([Entry("m", "m")], {"m": runs}, {"compare": {"target-acc": 0.8}})
     assert (rows[0]["rounds_to_target"], rows[0]["runs_reaching_target"]) == (1.5, "2/2")  # rounds 2 and 1
@@ -558,7 +563,8 @@ def test_rows_by_hand_without_the_optional_columns_render_as_dashes():
     assert lines[6] == ("| pfedpm | - | 95.00 | 90.00 | 80.00 | 95.00 | - | 85.00 | - | - | 1.000 | - | - |")
     assert lines[7] == ("| fedavg | - | - | 90.00 | 80.00 | - | - | 85.00 | - | - | 1.000 | - | "
                         "not available until rebuilt |")
-    two = render_table([{**base, "method": "x", "seeds": 2, "best_acc": 0.95}], {"compare": {}, "paper": {"metric": "weighted"}}, [])
+    two = render_table([{**base, "method": "x", "seeds": 2, "best_acc": 0.95}],
+                       {"compare": {}, "paper": {"metric": "weighted"}}, [])
     assert "| x | - | 95.00 | 90.00 ± <0.01 | 80.00 ± <0.01 | 95.00 | - |" in two  # a std not recorded: no ±
     assert render_table([], {"compare": {}}, ["a seed 0: not run"]).endswith(  # no run finished: the footer says why
         "| s / round |\n|---|---|---|---|---|---|---|---|\n\nNot run (1): a seed 0\n")
