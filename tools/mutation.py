@@ -132,7 +132,12 @@ TARGETS: dict[str, Target] = {
                            skip=("plot_label_heatmap",)),
     # the comparison table's rows, its writer and the README summary (and runner/table.py's rounds and moved)
     "tables": Target(("runner/compare_rows.py", "runner/compare_table.py", "benchmarks/summary.py", "runner/table.py"),
-                     ("tests/test_compare.py::test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv",
+                     (  # runner/compare_rows.py and runner/compare_table.py's rules (issue #80, branch tables-writers)
+                      "tests/test_compare_table_rules.py",
+                      "tests/test_provenance.py::test_every_docs_table_with_per_run_data_recomputes_from_it",
+                      "tests/test_provenance.py::test_the_dirty_table_says_so_in_bold_and_lists_its_runs_commits",
+                      # the tables' first selection
+                      "tests/test_compare.py::test_every_comparison_table_in_docs_is_what_the_current_code_renders_from_its_csv",
                       "tests/test_compare.py::test_the_papers_numbers_sit_beside_ours_in_the_papers_metric",
                       "tests/test_compare.py::test_a_paper_table_with_an_unknown_metric_or_row_is_refused",
                       "tests/test_compare.py::test_a_sweep_table_becomes_one_row_per_combination_and_bad_ones_are_refused",
