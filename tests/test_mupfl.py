@@ -681,6 +681,27 @@ def test_update_and_map_grams_are_the_inner_products_of_the_flattened_updates_an
     assert _strategy_and_replies(bavd=False)[0]._map_gram(replies) is None
 
 
+def test_the_update_grams_upload_buffer_holds_its_largest_block_exactly(monkeypatch):
+    """``row_gram``'s capacity is the most values a block holds (its upload buffers are sized once from it): the
+    update Gram passes the clients times its largest tensor, as an integer, not a smaller or fractional size that
+    would regrow the buffers tensor after tensor (and fail on CUDA)."""
+    from fedstrategies import mupfl as strategy_module
+
+    strategy, replies = _strategy_and_replies()
+    seen = {}
+    real = strategy_module.pairwise.row_gram
+
+    def spy(blocks, n, capacity):
+        blocks = list(blocks)
+        seen.update(n=n, capacity=capacity, largest=max(len(rows) * np.asarray(rows[0]).size for rows, _ in blocks))
+        return real(blocks, n, capacity=capacity)
+
+    monkeypatch.setattr(strategy_module.pairwise, "row_gram", spy)
+    strategy._update_gram(replies)
+    assert seen["n"] == len(replies)
+    assert isinstance(seen["capacity"], int) and seen["capacity"] == seen["largest"]
+
+
 def test_cluster_runs_choose_clusters_on_the_combined_similarity_with_the_rounds_seed(monkeypatch):
     """The strategy's ACMU call: Eq. 8 on the update and map Grams, the configured count range and fixed
     count, and a k-means seed drawn from (run seed, round, stream 13), so that a rerun repeats it."""
