@@ -167,3 +167,25 @@ def pytest_collection_modifyitems(config, items):
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker(SMOKE_MARK)])
         items[:] = kept
+
+
+def git(repo: Path, *args: str) -> None:
+    """git in ``repo`` with a throwaway identity (the tests' own repositories)."""
+    import subprocess
+
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git checkout with one committed source file, standing in for the repository (``provenance.ROOT``)."""
+    from runner import provenance
+
+    (tmp_path / "fedcore").mkdir()
+    (tmp_path / "fedcore" / "x.py").write_text("A = 1\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "init")
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    return tmp_path

@@ -9,7 +9,6 @@ import csv
 import json
 import math
 import statistics
-import subprocess
 import warnings
 
 import pytest
@@ -408,26 +407,9 @@ def test_rerender_converts_population_stds_to_sample_stds_exactly_once_and_keeps
     assert again["a"]["final_acc_std"] == pytest.approx(statistics.stdev(runs["a"]), rel=1e-12)
 
 
-def _git(repo, *args):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                   capture_output=True)
-
-
-@pytest.fixture
-def checkout(tmp_path, monkeypatch):
-    """A git checkout with one committed source file, standing in for the repository (``provenance.ROOT``)."""
-    (tmp_path / "fedcore").mkdir()
-    (tmp_path / "fedcore" / "x.py").write_text("A = 1\n")
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-q", "-m", "init")
-    monkeypatch.setattr(provenance, "ROOT", tmp_path)
-    return tmp_path
-
-
 @pytest.mark.parametrize("dirty", [False, True])
-def test_rerender_records_its_commit_and_keeps_a_sample_std_table_as_it_is(checkout, dirty):
-    folder = checkout / "docs" / "results" / "x"
+def test_rerender_records_its_commit_and_keeps_a_sample_std_table_as_it_is(repo, dirty):
+    folder = repo / "docs" / "results" / "x"
     folder.mkdir(parents=True)
     made = {"command": "cmd", "commit": "abc1234", **({"dirty": True} if dirty else {})}
     runs = _old_table(folder, {"compare": {}, "std": "sample", "made": made})
@@ -436,23 +418,23 @@ def test_rerender_records_its_commit_and_keeps_a_sample_std_table_as_it_is(check
     after = read_table_csv(folder / "table.csv")
     assert after[0]["final_acc_std"] == before[0]["final_acc_std"] == pytest.approx(statistics.pstdev(runs["a"]))
     preset = json.loads((folder / "preset.json").read_text())
-    head = provenance.commit(checkout)
+    head = provenance.commit(repo)
     assert preset["std"] == "sample" and preset["made"]["rerendered"] == head and preset["made"]["dirty"] is dirty
     table = (folder / "table.md").read_text()
     assert f"; re-rendered from table.csv at `{head}`." in table and "(ddof = 1). Client spread" in table
     assert ("**Made from a tree with uncommitted changes" in table) is dirty  # a dirty table stays marked
 
 
-def test_rerender_refuses_a_docs_table_from_a_dirty_tree_unless_allowed_and_then_says_so(checkout):
-    folder = checkout / "docs" / "results" / "x"
+def test_rerender_refuses_a_docs_table_from_a_dirty_tree_unless_allowed_and_then_says_so(repo):
+    folder = repo / "docs" / "results" / "x"
     folder.mkdir(parents=True)
     _old_table(folder, {"compare": {}, "std": "sample", "made": {"command": "cmd", "commit": "abc1234"}})
-    (checkout / "fedcore" / "x.py").write_text("A = 2\n")  # a source edit
+    (repo / "fedcore" / "x.py").write_text("A = 2\n")  # a source edit
     with pytest.raises(provenance.DirtyTree, match="fedcore/x.py"):
         rerender(folder)
     rerender(folder, allow_dirty=True)
     preset = json.loads((folder / "preset.json").read_text())
-    assert preset["made"]["dirty"] is True and preset["made"]["rerendered"] == provenance.tree_commit(checkout)
+    assert preset["made"]["dirty"] is True and preset["made"]["rerendered"] == provenance.tree_commit(repo)
     assert "**Made from a tree with uncommitted changes" in (folder / "table.md").read_text()
 
 

@@ -9,26 +9,9 @@ from pathlib import Path
 import pytest
 
 from runner import provenance, run_data, stats
-from tests.conftest import begin_and_cut_off, test_device
+from tests.conftest import begin_and_cut_off, git as _git, test_device
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                   capture_output=True)
-
-
-@pytest.fixture
-def repo(tmp_path, monkeypatch):
-    """A git checkout with one committed source file, standing in for the repository."""
-    (tmp_path / "fedcore").mkdir()
-    (tmp_path / "fedcore" / "x.py").write_text("A = 1\n")
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-q", "-m", "init")
-    monkeypatch.setattr(provenance, "ROOT", tmp_path)
-    return tmp_path
 
 
 def test_compare_refuses_to_write_docs_from_a_dirty_tree(repo, capsys):
