@@ -321,14 +321,6 @@ def test_a_ray_head_that_dies_ends_the_launch_with_its_reason(tmp_path, monkeypa
     assert not _gone(lambda: [p for p in _flower_processes(str(tmp_path / "home")) if "flwr" in p or "flower" in p])
 
 
-def _shows(pid: int, marker: bytes) -> bool:
-    """Whether /proc already shows ``marker`` in the process's command line and a non-empty environment."""
-    try:
-        return marker in Path(f"/proc/{pid}/cmdline").read_bytes() and bool(Path(f"/proc/{pid}/environ").read_bytes())
-    except OSError:
-        return False
-
-
 def test_stop_matching_needs_both_the_command_line_and_the_environment(tmp_path):
     """The sweep after a SuperLink's stop selects by its address and its FLWR_HOME together: a
     process of another launch that reuses the port number (other FLWR_HOME) is left alone."""
@@ -338,9 +330,10 @@ def test_stop_matching_needs_both_the_command_line_and_the_environment(tmp_path)
     other = subprocess.Popen([sys.executable, "-c", code, "127.0.0.1:45678"],
                              env={**os.environ, "FLWR_HOME": str(tmp_path / "a-other")})
     try:
-        # Popen returns once exec has begun, before the kernel has set the new command line and
-        # environment: /proc shows them empty for a moment, so wait until both stand-ins show theirs.
-        assert not _gone(lambda: [p.pid for p in (ours, other) if not _shows(p.pid, b"127.0.0.1:45678")])
+        # Popen returns once exec has begun, before the kernel sets the new command line and environment
+        # (both at once): /proc shows them empty for a moment, so wait until both stand-ins show the address.
+        shown = lambda: {int(line.split(":")[0]) for line in _flower_processes("127.0.0.1:45678")}  # noqa: E731
+        assert not _gone(lambda: {ours.pid, other.pid} - shown())
         assert fc.stop_matching("127.0.0.1:45678", f"FLWR_HOME={tmp_path / 'a'}") == [ours.pid]
         assert ours.wait(timeout=10) is not None and other.poll() is None
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import scale_e2e
-from benchmarks.proc_memory import TreeSampler, descendants, tree_memory
+from benchmarks.proc_memory import TreeSampler, descendants, process_memory, tree_memory
 from runner import memory_budget as mb
 from tests.conftest import test_device
 
@@ -62,19 +62,11 @@ def test_the_skip_switch_lets_a_run_start_whatever_the_estimate(monkeypatch):
         mb.check_launch(100_000_000, 1)
 
 
-def _rss_kib(pid: int) -> int:
-    """The process's own resident memory in KiB from /proc/<pid>/status (0 until it is shown)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def test_the_sampler_sees_a_child_process_and_its_memory():
     child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(200_000_000); time.sleep(60)"])
     try:
         deadline = time.monotonic() + 30  # polling only, on a loaded machine the child's start takes a while
-        while _rss_kib(child.pid) <= 200_000 and time.monotonic() < deadline:
+        while (process_memory(child.pid) or (0,))[0] <= 200_000_000 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert child.pid in descendants(os.getpid())
         with TreeSampler(os.getpid(), interval=0.1) as sampler:
