@@ -28,7 +28,7 @@ computations no implementation of its rule can avoid, they are timed alone on th
 of their own, "method (what alone)", with the round's ratio to them under the table (``UNAVOIDABLE``): MuPFL's
 pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's, HeurFedAMP's, FedSaC's and pFedGraph's
 two m x m x d matrix products (the pairwise Gram matrix of the round's models and the mixing W @ Theta); FedAvg's
-weighted sum of the round's models.
+weighted sum of the round's models; CReFF's, and that plus its gradient matching and classifier re-training.
 """
 
 from __future__ import annotations
@@ -322,8 +322,46 @@ def movement_floor(n: int, repeats: int = 3) -> dict:
             "prepare_s": 0.0, "peak_growth_mb": size / 2**20, "device": "cpu (host memory)"}
 
 
+def creff_unavoidable(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """CReFF: FedAvg's weighted sum, and that plus what its server runs every round whatever the number of
+    clients: ``match-steps`` steps of gradient matching on the K*m x d federated features (at the round's averaged
+    class gradients, averaged before the clock starts) and the classifier's re-training on them (``retrain-epochs``
+    epochs of mini-batches). Both run on copies with their own generator (median of ``repeats``): no state changes."""
+    import torch
+
+    from fedcore import wire
+    from fedcore.class_gradients import synthetic_labels
+    from fedcore.methods.creff import GRADIENTS
+    from fedcore.models import one_torch_thread
+    from fedstrategies.creff import BIAS, WEIGHT
+    from fedstrategies.federated_features import (average_class_gradients, fresh_linear, match_features,
+                                                  retrain_classifier)
+
+    (summed,) = weighted_sum_alone(strategy, messages, server_round)
+    hp, K, d = strategy.hp, strategy.num_classes, strategy.model.feature_dim
+    z, reported = average_class_gradients((g["z"], g["present"]) for g in
+                                          (wire.unpack_arrays(msg.content[GRADIENTS]) for msg in messages))
+    target, reported = torch.from_numpy(z.astype(np.float32)), torch.from_numpy(reported)
+    labels = synthetic_labels(K, hp["features-per-class"])
+    weight, bias = (torch.from_numpy(strategy.retrained[k]) for k in (WEIGHT, BIAS))
+
+    def match_and_retrain():
+        with one_torch_thread():
+            features = torch.from_numpy(strategy.features.copy())
+            match_features(features, target, reported, weight, bias, hp["match-steps"], hp["match-lr"],
+                           hp["match-optimizer"])
+            generator = torch.Generator().manual_seed(0)
+            retrain_classifier(features, labels, *fresh_linear(d, K, generator), hp["retrain-epochs"],
+                               hp["retrain-lr"], hp["retrain-batch"], generator)
+
+    wall, cpu = _timed(match_and_retrain, repeats)
+    return [summed, {"what": "weighted sum + matching + re-training", "s": summed["s"] + wall,
+                     "cpu_s": summed["cpu_s"] + cpu, "mb": summed["mb"] + strategy.features.nbytes / 2**20}]
+
+
 UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone,
-               "fedsac": replies_products_alone, "pfedgraph": replies_products_alone, "fedavg": weighted_sum_alone}
+               "fedsac": replies_products_alone, "pfedgraph": replies_products_alone, "fedavg": weighted_sum_alone,
+               "creff": creff_unavoidable}
 ALONE = re.compile(r"^(?P<method>\S+) \((?P<what>.+) alone\)$")
 
 
@@ -346,7 +384,9 @@ def _alone_notes(rows: list[dict], counts: list[int]) -> list[str]:
                  "products of the stacked float32 updates and activation maps of the round's sampled clients and "
                  "their normalisation; PKCF matching: match-steps steps on the federated features; Gram + mixing "
                  "products (FedAMP, HeurFedAMP, FedSaC, pFedGraph): Theta Theta^T and W @ Theta over the round's "
-                 "models; FedAvg's weighted sum: w @ Theta); its MB column is the size of the "
+                 "models; FedAvg's and CReFF's weighted sum: w @ Theta; CReFF's matching + re-training: match-steps "
+                 "steps on the federated features, then retrain-epochs epochs of its classifier on them); its MB "
+                 "column is the size of the "
                  "stacked matrices.", *notes]
     return notes
 

@@ -233,3 +233,33 @@ def test_loading_a_state_replaces_the_head_and_model_already_packed_for_sending(
     assert all(np.array_equal(head[k], new.retrained[k]) for k in new.retrained)
     evaluated = wire.unpack_arrays(old.evaluate_payload(0, 2)[wire.WEIGHTS])
     assert np.array_equal(evaluated["head.weight"], new.retrained["head.weight"])
+
+
+
+def test_server_time_times_creffs_weighted_sum_and_its_matching_and_retraining_alone_without_changing_state():
+    """#77: CReFF's round against what its rule cannot avoid: the weighted sum, and that plus the gradient matching
+    and the classifier re-training, which cost the same whatever the number of clients. Timing them leaves the
+    strategy's federated features and re-trained head as the round left them."""
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from benchmarks import server_time
+    from fedcore.models import model_facts
+    from fedcore.registry import get_method
+    from tests.fakes import fake_clients, fake_reply
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
+    facts = model_facts("cnn", (1, 28, 28), 10, 0)
+    strategy = get_method("creff").strategy(server_time._config("creff", {}), fake_clients(3), facts)
+    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    replies = [fake_reply(strategy, msg, "train", np.random.default_rng(0)) for msg in msgs]
+    strategy.aggregate_train(1, replies)
+    features, head = strategy.features.copy(), {k: v.copy() for k, v in strategy.retrained.items()}
+    summed, whole = server_time.creff_unavoidable(strategy, replies, 1, repeats=1)
+    assert summed["what"] == "weighted sum" and whole["what"] == "weighted sum + matching + re-training"
+    assert whole["s"] > summed["s"] > 0 and whole["cpu_s"] >= summed["cpu_s"] >= 0
+    assert whole["mb"] == pytest.approx(summed["mb"] + features.nbytes / 2**20)
+    assert features.shape == (10 * strategy.hp["features-per-class"], facts.feature_dim)
+    assert np.array_equal(strategy.features, features)
+    assert all(np.array_equal(strategy.retrained[k], v) for k, v in head.items())
+    assert [r["what"] for r in server_time.measure("creff", 3, {})["alone"]] == [summed["what"], whole["what"]]
