@@ -28,7 +28,9 @@ computations no implementation of its rule can avoid, they are timed alone on th
 of their own, "method (what alone)", with the round's ratio to them under the table (``UNAVOIDABLE``): MuPFL's
 pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's, HeurFedAMP's, FedSaC's and pFedGraph's
 two m x m x d matrix products (the pairwise Gram matrix of the round's models and the mixing W @ Theta); FedAvg's
-weighted sum of the round's models; CReFF's, and that plus its gradient matching and classifier re-training.
+weighted sum of the round's models, and that of every method whose server rule is a weighted mean of the replies'
+models (FedAvg-FT, FedProx, FedPer, FedRep, Ditto, Per-FedAvg, L2GD, FedNova, FedRoD, GPFL); CReFF's, and that plus
+its gradient matching and classifier re-training; FedGH's training of the global header on the round's pairs.
 """
 
 from __future__ import annotations
@@ -251,8 +253,9 @@ def _gram_and_mixing_alone(states, repeats: int) -> list[dict]:
 
 
 def weighted_sum_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
-    """FedAvg: the one product its rule makes, the sample-weighted sum of the round's m models (a 1 x m by m x d
-    float32 product over the replies' models, stacked before the clock starts)."""
+    """FedAvg and every method whose server rule is a weighted mean of the replies' models: the one product that
+    rule makes, the weighted sum of the round's m models (a 1 x m by m x d float32 product over the replies' models,
+    stacked before the clock starts)."""
     from fedcore import wire
     from fedstrategies import server_device
 
@@ -359,9 +362,33 @@ def creff_unavoidable(strategy, messages, server_round: int, repeats: int = 3) -
                      "cpu_s": summed["cpu_s"] + cpu, "mb": summed["mb"] + strategy.features.nbytes / 2**20}]
 
 
+def fedgh_training_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """FedGH: its rule is the server's SGD on the global header over the round's (LAR, class) pairs (one pair per
+    client and class held), timed alone on a copy of the header with its own generator (median of ``repeats``;
+    the pairs are gathered before the clock starts): the work grows with the pairs, so with the clients."""
+    import copy
+
+    import torch
+
+    from fedcore import wire
+    from fedstrategies.fedfcd_math import feature_pairs
+
+    x, y = feature_pairs([wire.unpack_arrays(msg.content[wire.CLASS_FEATURES]) for msg in messages])
+
+    def train():
+        copy.deepcopy(strategy.head).train(x, y, batch_size=strategy.hp["server-batch-size"],
+                                           epochs=strategy.hp["server-epochs"], generator=torch.Generator().manual_seed(0))
+
+    wall, cpu = _timed(train, repeats)
+    return [{"what": "header training", "s": wall, "cpu_s": cpu, "mb": (x.numel() * x.element_size()) / 2**20}]
+
+
 UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone,
-               "fedsac": replies_products_alone, "pfedgraph": replies_products_alone, "fedavg": weighted_sum_alone,
-               "creff": creff_unavoidable}
+               "fedsac": replies_products_alone, "pfedgraph": replies_products_alone, "creff": creff_unavoidable,
+               "fedgh": fedgh_training_alone,
+               # the server rule is a weighted mean of the replies' models (FedAvg's aggregate, or FedNova's weights)
+               **dict.fromkeys(("fedavg", "fedavg-ft", "fedprox", "fedper", "fedrep", "ditto", "per-fedavg", "l2gd",
+                                "fednova", "fedrod", "gpfl"), weighted_sum_alone)}
 ALONE = re.compile(r"^(?P<method>\S+) \((?P<what>.+) alone\)$")
 
 
@@ -384,8 +411,10 @@ def _alone_notes(rows: list[dict], counts: list[int]) -> list[str]:
                  "products of the stacked float32 updates and activation maps of the round's sampled clients and "
                  "their normalisation; PKCF matching: match-steps steps on the federated features; Gram + mixing "
                  "products (FedAMP, HeurFedAMP, FedSaC, pFedGraph): Theta Theta^T and W @ Theta over the round's "
-                 "models; FedAvg's and CReFF's weighted sum: w @ Theta; CReFF's matching + re-training: match-steps "
-                 "steps on the federated features, then retrain-epochs epochs of its classifier on them); its MB "
+                 "models; weighted sum (FedAvg, CReFF and every method whose server rule is a weighted mean of the "
+                 "replies' models): w @ Theta; CReFF's matching + re-training: match-steps "
+                 "steps on the federated features, then retrain-epochs epochs of its classifier on them; FedGH's "
+                 "header training: server-epochs of SGD on the round's (LAR, class) pairs); its MB "
                  "column is the size of the "
                  "stacked matrices.", *notes]
     return notes

@@ -19,6 +19,7 @@ import numpy as np
 from fedcore import wire
 from fedcore.config import ConfigError
 from fedcore.methods.fednova import A_NORM, EPOCHS, NORMALIZER, effective_steps
+from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import ArraySpec
 from fedstrategies.fedavg import FedAvgStrategy
 
@@ -27,19 +28,24 @@ EPOCH_STREAM = 29  # the epoch draws' own random stream
 
 def normalized_average(current: dict[str, np.ndarray], states: Sequence[dict[str, np.ndarray]],
                        sizes: Sequence[float], a_norms: Sequence[float]) -> dict[str, np.ndarray]:
-    """x - tau_eff sum_i p_i (x - y_i) / a_i for float tensors; integer tensors (counters) take the maximum."""
-    p = np.array(sizes) / np.sum(sizes)
-    a = np.array(a_norms)
+    """x - tau_eff sum_i p_i (x - y_i) / a_i for float tensors; integer tensors (counters) take the maximum.
+
+    Computed as x - c (x - S), with q_i = p_i / a_i, S the q-weighted mean of the y_i and c = tau_eff sum_i q_i:
+    S is FedAvg's streamed weighted mean (``weighted_average``, kept in float64), so the states are read once and
+    no per-client temporary is made."""
+    p = np.array(sizes, dtype=np.float64) / np.sum(sizes)
+    a = np.array(a_norms, dtype=np.float64)
     tau_eff = float(np.sum(p * a))
+    q = p / a
+    c = tau_eff * float(q.sum())
+    mean = weighted_average(states, q, float64=True)
     out = {}
     for key, x in current.items():
         if x.dtype.kind != "f":
-            out[key] = np.max([s[key] for s in states], axis=0).astype(x.dtype)
+            out[key] = mean[key].astype(x.dtype)
             continue
-        step = np.zeros(x.shape)  # float64
-        for pi, ai, s in zip(p, a, states):
-            step += pi / ai * (x - s[key])
-        out[key] = (x - tau_eff * step).astype(x.dtype)
+        x64 = x.astype(np.float64)
+        out[key] = (x64 - c * (x64 - mean[key])).astype(x.dtype)
     return out
 
 

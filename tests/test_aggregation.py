@@ -18,6 +18,47 @@ def test_weighted_average_matches_brute_force_and_keeps_dtypes():
     assert out["n"] == 3  # integer counters take the max
 
 
+
+@pytest.mark.parametrize("m", [1, 16, 37])
+def test_weighted_average_of_many_float32_states_is_within_float32_noise_of_the_float64_mean(m):
+    """The states are summed BLOCK at a time in float32 and each block goes into a float64 total: with m not a
+    multiple of the block, the last partial block counts too, and no block counts twice."""
+    from fedstrategies.aggregate import BLOCK
+
+    assert BLOCK == 16
+    rng = np.random.default_rng(2)
+    base = rng.normal(scale=0.05, size=(64, 33))
+    states = [{"w": (base + 1e-3 * rng.normal(size=base.shape)).astype(np.float32),
+               "d": rng.normal(size=7)} for _ in range(m)]  # "d": float64, summed in float64 throughout
+    weights = rng.integers(20, 3000, size=m)
+    out = weighted_average(states, weights)
+    p = weights / weights.sum()
+    exact = {k: np.einsum("i,i...->...", p, np.stack([s[k].astype(np.float64) for s in states])) for k in ("w", "d")}
+    assert out["w"].dtype == np.float32 and out["d"].dtype == np.float64
+    np.testing.assert_allclose(out["w"], exact["w"], rtol=2e-6, atol=1e-8)
+    np.testing.assert_allclose(out["d"], exact["d"], rtol=1e-13, atol=1e-15)
+
+
+
+def test_many_small_contributions_after_a_large_one_are_kept_by_the_float64_total():
+    """Why the float32 partial sums are short: one heavy state, then 160 light ones each adding 1e-8, under half a
+    float32 ulp of the running total. One float32 sum over all states would lose all of them (1.6e-6, 13 ulps);
+    blocks of 16 lose at most the light states of the heavy state's block."""
+    states = [{"w": np.ones(4, np.float32)}] + [{"w": np.full(4, 0.01, np.float32)} for _ in range(160)]
+    weights = [1e6] + [1.0] * 160
+    exact = (1e6 + 160 * 0.01) / (1e6 + 160)
+    np.testing.assert_allclose(weighted_average(states, weights)["w"], exact, rtol=3e-7)
+
+
+
+def test_weighted_average_in_float64_keeps_the_float_means_float64_and_the_counters_integer():
+    states = [{"w": np.array([1.0, 2.0], np.float32), "n": np.array(i, np.int64)} for i in range(3)]
+    out = weighted_average(states, [1, 1, 2], float64=True)
+    assert out["w"].dtype == np.float64 and out["n"].dtype == np.int64 and out["n"] == 2
+    np.testing.assert_array_equal(out["w"], [1.0, 2.0])
+    assert weighted_average(states, [1, 1, 2])["w"].dtype == np.float32
+
+
 def test_weighted_average_is_order_and_scale_invariant():
     rng = np.random.default_rng(1)
     states = [{"w": rng.normal(size=5)} for _ in range(3)]

@@ -53,9 +53,10 @@ def test_a_record_written_piece_by_piece_is_the_packed_record_of_its_arrays():
     assert wire.packed_record(buffer)[wire.PACKED_KEY].data == wire.pack_arrays(arrays)[wire.PACKED_KEY].data
 
 
-@pytest.mark.parametrize("method, what", [("fedavg", "weighted sum"), ("fedsac", "Gram + mixing products"),
+@pytest.mark.parametrize("method, what", [("fedavg", "weighted sum"), ("fedrep", "weighted sum"),
+                                          ("fednova", "weighted sum"), ("fedsac", "Gram + mixing products"),
                                           ("pfedgraph", "Gram + mixing products")])
-def test_the_products_of_fedavg_fedsac_and_pfedgraph_are_timed_alone_on_the_rounds_replies(method, what):
+def test_the_products_of_the_weighted_mean_methods_fedsac_and_pfedgraph_are_timed_alone_on_the_rounds_replies(method, what):
     row = server_time.measure(method, 3, {})
     (alone,) = row["alone"]
     assert alone["what"] == what and alone["s"] > 0 and alone["cpu_s"] >= 0
@@ -63,5 +64,31 @@ def test_the_products_of_fedavg_fedsac_and_pfedgraph_are_timed_alone_on_the_roun
     from fedstrategies.pairwise import parameter_keys
 
     weights = model_facts("cnn", (1, 28, 28), 10, 0).initial_weights
+    if method == "fedrep":  # FedRep's replies carry the body alone: the head never crosses the wire
+        weights = {k: v for k, v in weights.items() if k.startswith("body.")}
     d = sum(np.asarray(weights[k]).size for k in parameter_keys(weights))
     assert alone["mb"] == pytest.approx(3 * d * 4 / 2**20)  # the three replies' models, stacked in float32
+
+
+def test_fedghs_header_training_is_timed_alone_on_a_copy_of_the_header():
+    """FedGH's rule is the server's SGD on the header over the round's (LAR, class) pairs: timed alone on a copy, it
+    leaves the strategy's header as the round left it, and its MB are the pairs' features."""
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedcore.models import model_facts
+    from fedcore.registry import get_method
+    from tests.fakes import fake_clients, fake_reply
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
+    facts = model_facts("cnn", (1, 28, 28), 10, 0)
+    strategy = get_method("fedgh").strategy(server_time._config("fedgh", {}), fake_clients(4), facts)
+    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    replies = [fake_reply(strategy, msg, "train", np.random.default_rng(0)) for msg in msgs]
+    strategy.aggregate_train(1, replies)
+    head = {k: v.copy() for k, v in strategy.head.arrays().items()}
+    (alone,) = server_time.fedgh_training_alone(strategy, replies, 1, repeats=1)
+    pairs = sum(len(wire.unpack_arrays(msg.content[wire.CLASS_FEATURES])[wire.CLASS_IDS]) for msg in replies)
+    assert alone["what"] == "header training" and alone["s"] > 0 and pairs > 0
+    assert alone["mb"] == pytest.approx(pairs * facts.feature_dim * 4 / 2**20)
+    assert all(np.array_equal(strategy.head.arrays()[k], v) for k, v in head.items())

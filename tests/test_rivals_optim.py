@@ -565,6 +565,20 @@ def test_normalized_average_on_clients_with_unequal_steps():
     assert out["c"].tolist() == [3, 4] and out["c"].dtype == np.int32 and np.allclose(out["w"], [1.0])
 
 
+
+def test_normalized_average_of_many_clients_is_the_formula_written_out_in_float64():
+    """37 clients (more than one of weighted_average's blocks), unequal sizes and step counts: the streamed
+    x - c (x - S) form equals x - tau_eff sum_i p_i (x - y_i) / a_i summed client by client in float64."""
+    rng = np.random.default_rng(5)
+    x = {"w": rng.normal(scale=0.1, size=(20, 9)).astype(np.float32)}
+    ys = [{"w": (x["w"] + 0.01 * rng.normal(size=(20, 9))).astype(np.float32)} for _ in range(37)]
+    sizes, a = rng.integers(10, 500, size=37), rng.uniform(1.0, 40.0, size=37)
+    p = sizes / sizes.sum()
+    step = sum(pi / ai * (x["w"].astype(np.float64) - y["w"]) for pi, ai, y in zip(p, a, ys))
+    expected = x["w"] - float(np.sum(p * a)) * step
+    np.testing.assert_allclose(normalized_average(x, ys, sizes, a)["w"], expected, rtol=2e-6, atol=1e-7)
+
+
 def test_fednova_strategy_checks_a_norm_and_aggregates_by_the_formula(tmp_path):
     strategy = _strategy(FedNovaStrategy, tmp_path, "fednova", sizes=(40, 160, 100, 100), momentum=0.5,
                          **{"local-epochs": 1, "batch-size": 16})
