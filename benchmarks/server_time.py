@@ -376,8 +376,9 @@ def fedgh_training_alone(strategy, messages, server_round: int, repeats: int = 3
     x, y = feature_pairs([wire.unpack_arrays(msg.content[wire.CLASS_FEATURES]) for msg in messages])
 
     def train():
-        copy.deepcopy(strategy.head).train(x, y, batch_size=strategy.hp["server-batch-size"],
-                                           epochs=strategy.hp["server-epochs"], generator=torch.Generator().manual_seed(0))
+        hp = strategy.hp
+        copy.deepcopy(strategy.head).train(x, y, batch_size=hp["server-batch-size"], epochs=hp["server-epochs"],
+                                           generator=torch.Generator().manual_seed(0))
 
     wall, cpu = _timed(train, repeats)
     return [{"what": "header training", "s": wall, "cpu_s": cpu, "mb": (x.numel() * x.element_size()) / 2**20}]

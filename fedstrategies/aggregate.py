@@ -31,7 +31,8 @@ def weighted_average(states: Iterable[dict[str, np.ndarray]], weights: Sequence[
     partial sum of ``BLOCK`` states in the states' own precision that then goes into the float64 total: adding
     float32 into float64 converts every element and runs at half the speed, and this pass is most of FedAvg's
     server round at 1,000 clients; a float32 sum of 16 terms keeps the result within float32 noise.
-    ``float64``: the float tensors' means stay float64 (a caller that goes on computing with them).
+    ``float64``: every sum in float64 and the means returned in float64, for a caller whose next step
+    amplifies their rounding (FedNova's x - c (x - S), c up to tens).
     Integer tensors (BatchNorm's ``num_batches_tracked``) are counters, not parameters: they take
     the maximum instead of a mean. One torch thread: the accumulation is memory-bound, and in a
     simulation the ServerApp shares the cores with its client actors (100 FedAvgCNN states on a busy
@@ -58,8 +59,8 @@ def weighted_average(states: Iterable[dict[str, np.ndarray]], weights: Sequence[
                     dtypes[key] = value.dtype
                     if value.dtype.kind == "f":
                         acc[key] = torch.zeros(value.shape, dtype=torch.float64)
-                        partial[key] = torch.zeros(value.shape, dtype=torch.float64 if value.dtype.itemsize > 4
-                                                   else torch.float32)
+                        wide = float64 or value.dtype.itemsize > 4
+                        partial[key] = torch.zeros(value.shape, dtype=torch.float64 if wide else torch.float32)
                     else:
                         acc[key] = np.array(value)
                 if value.dtype.kind == "f":

@@ -33,8 +33,8 @@ def normalized_average(current: dict[str, np.ndarray], states: Sequence[dict[str
     Computed as x - c (x - S), with q_i = p_i / a_i, S the q-weighted mean of the y_i and c = tau_eff sum_i q_i:
     S is FedAvg's streamed weighted mean (``weighted_average``, kept in float64), so the states are read once and
     no per-client temporary is made."""
-    p = np.array(sizes, dtype=np.float64) / np.sum(sizes)
-    a = np.array(a_norms, dtype=np.float64)
+    p = np.array(sizes) / np.sum(sizes)
+    a = np.array(a_norms)
     tau_eff = float(np.sum(p * a))
     q = p / a
     c = tau_eff * float(q.sum())
@@ -44,8 +44,7 @@ def normalized_average(current: dict[str, np.ndarray], states: Sequence[dict[str
         if x.dtype.kind != "f":
             out[key] = mean[key].astype(x.dtype)
             continue
-        x64 = x.astype(np.float64)
-        out[key] = (x64 - c * (x64 - mean[key])).astype(x.dtype)
+        out[key] = (x - c * (x - mean[key])).astype(x.dtype)  # mean is float64: so is every step
     return out
 
 

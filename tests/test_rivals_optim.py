@@ -579,6 +579,19 @@ def test_normalized_average_of_many_clients_is_the_formula_written_out_in_float6
     np.testing.assert_allclose(normalized_average(x, ys, sizes, a)["w"], expected, rtol=2e-6, atol=1e-7)
 
 
+
+def test_normalized_average_keeps_the_mean_in_float64_where_c_amplifies_its_rounding():
+    """Step counts 1 and 100 make c = tau_eff sum_i q_i = 50.5 * 0.505 = 25.5: x - c (x - S) multiplies any
+    rounding of S by 25.5, so S stays float64 until the end and the result is the float64 formula rounded once."""
+    rng = np.random.default_rng(6)
+    x = {"w": rng.normal(size=500).astype(np.float32)}
+    ys = [{"w": (x["w"] + rng.normal(scale=0.3, size=500)).astype(np.float32)} for _ in range(2)]
+    step = sum(0.5 / ai * (x["w"].astype(np.float64) - y["w"]) for ai, y in zip((1.0, 100.0), ys))
+    expected = (x["w"] - 50.5 * step).astype(np.float32)
+    got = normalized_average(x, ys, [7, 7], [1.0, 100.0])["w"]
+    assert np.abs(got.view(np.int32).astype(np.int64) - expected.view(np.int32)).max() <= 1  # within one ulp
+
+
 def test_fednova_strategy_checks_a_norm_and_aggregates_by_the_formula(tmp_path):
     strategy = _strategy(FedNovaStrategy, tmp_path, "fednova", sizes=(40, 160, 100, 100), momentum=0.5,
                          **{"local-epochs": 1, "batch-size": 16})
