@@ -69,10 +69,34 @@ def test_weighted_average_is_order_and_scale_invariant():
     np.testing.assert_allclose(a, c)
 
 
-@pytest.mark.parametrize("weights", [[0, 0], [-1, 2], [1]])
+@pytest.mark.parametrize("weights", [[0, 0], [-1, 2], [[1, 2]], []])
 def test_weighted_average_rejects_bad_weights(weights):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="non-negative numbers with a positive sum"):
         weighted_average([{"w": np.zeros(2)}, {"w": np.ones(2)}], weights)
+
+
+def test_weighted_average_needs_one_weight_per_state():
+    with pytest.raises(ValueError, match="more states than the 1 weights"):
+        weighted_average([{"w": np.zeros(2)}, {"w": np.ones(2)}], [1])
+    with pytest.raises(ValueError, match="2 states for 3 weights"):
+        weighted_average([{"w": np.zeros(2)}, {"w": np.ones(2)}], [1, 1, 1])
+
+
+def test_zero_and_fractional_weights_are_weights():
+    """A zero weight leaves its state out; weights below 1 and summing below 1 are normalised like any others."""
+    states = [{"w": np.full(2, 7.0, np.float32)}, {"w": np.zeros(2, np.float32)}, {"w": np.ones(2, np.float32)}]
+    np.testing.assert_allclose(weighted_average(states, [0, 0.5, 0.25])["w"], [1 / 3, 1 / 3], rtol=1e-6)
+
+
+def test_read_only_states_are_read_without_a_warning():
+    """Replies are read-only views of the message bytes: torch warns on wrapping one, which the sum silences."""
+    import warnings
+
+    state = {"w": np.ones(3, np.float32)}
+    state["w"].setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(weighted_average([state, state], [1, 3])["w"], np.ones(3))
 
 
 def test_prototypes_weighted_and_uniform():
@@ -101,3 +125,46 @@ def test_prototypes_identical_inputs_and_invariances():
     c = aggregate_class_features(ids, feats, [7 * c for c in counts], 2)[1]
     np.testing.assert_allclose(a, b, rtol=1e-6)
     np.testing.assert_allclose(a, c, rtol=1e-6)
+
+
+def test_fedavg_strategy_takes_the_sample_weighted_mean_of_the_replies_shared_tensors():
+    """FedAvg's round: the global model becomes the replies' models weighted by each client's training samples, for
+    every tensor the strategy shares; the schema asks for exactly those tensors; its reference norm is the global
+    model's."""
+    import dataclasses
+
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedcore import wire
+    from fedcore.config import Config
+    from fedcore.models import model_facts
+    from fedstrategies.fedavg import FedAvgStrategy
+    from tests.fakes import fake_clients, fake_reply
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
+    clients = {pid: dataclasses.replace(info, num_train=20 + 30 * pid) for pid, info in fake_clients(5).items()}
+    facts = model_facts("cnn", (1, 8, 8), 10, 0)
+    strategy = FedAvgStrategy(Config.from_run_config({"method": "fedavg", "dataset": "digits"}), clients, facts)
+    assert set(strategy.reply_schema(0)[wire.WEIGHTS]) == set(facts.initial_weights)
+    from fedstrategies.fedper import FedPerStrategy  # a subclass narrows what is shared, key by key
+
+    fedper = FedPerStrategy(Config.from_run_config({"method": "fedper", "dataset": "digits"}), clients, facts)
+    assert set(fedper.global_weights) == {k for k in facts.initial_weights if k.startswith("body.")} != set()
+    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    replies = [fake_reply(strategy, m, "train", np.random.default_rng(3)) for m in msgs]
+    strategy.aggregate_train(1, replies)
+    assert not strategy.dropped
+    models = {int(r.content[wire.METRICS][wire.PARTITION_ID]): wire.unpack_arrays(r.content[wire.WEIGHTS])
+              for r in replies}
+    sizes = np.array([clients[pid].num_train for pid in models], np.float64)
+    for key, value in strategy.global_weights.items():
+        stacked = np.stack([m[key] for m in models.values()])
+        if value.dtype.kind == "f":
+            expected = np.einsum("i,i...->...", sizes / sizes.sum(), stacked.astype(np.float64))
+            np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(value, stacked.max(axis=0))
+    norm = np.sqrt(sum(float(np.vdot(v, v)) for v in strategy.global_weights.values() if v.dtype.kind == "f"))
+    assert strategy.reference_norm(wire.WEIGHTS) == pytest.approx(norm)
+    assert strategy.reference_norm("other") is None

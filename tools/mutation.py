@@ -92,6 +92,10 @@ TARGETS: dict[str, Target] = {
     "pfedgraph": Target(("fedstrategies/pfedgraph.py", "clients/pfedgraph.py"), ("tests/test_fedsac_pfedgraph.py",)),
     "fednova": Target(("fedstrategies/fednova.py", "clients/fednova.py", "fedcore/methods/fednova.py"),
                       ("tests/test_rivals_optim.py",)),
+    # FedAvg's rule, the weighted mean every weight-averaging method shares (FedAvg-FT, FedProx, FedPer, FedRep,
+    # Ditto, Per-FedAvg, L2GD, FedRoD, GPFL, CReFF, MuPFL's cluster means, FedNova's normalised average)
+    "fedavg": Target(("fedstrategies/aggregate.py", "fedstrategies/fedavg.py"),
+                     ("tests/test_aggregation.py",)),
     # the machinery behind every verdict: a table's statistics, best-on-validation selection, the tuning rule,
     # provenance and per-run data, checkpoints, reply validation, the partitioners and split files, the writers
     "stats": Target(("runner/stats.py", "runner/table.py"),
