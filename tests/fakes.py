@@ -63,3 +63,19 @@ def fake_reply(strategy, msg, phase: str, rng):
         if info.num_val:  # a client with a validation split scores it too
             metrics.update({wire.VAL_NUM_EXAMPLES: info.num_val, wire.VAL_CORRECT: info.num_val // 2, wire.VAL_LOSS: 1.0})
     return Message(content=RecordDict({**records, wire.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+def after_one_round(method: str, cfg, n: int, facts):
+    """``method``'s strategy for ``n`` fake clients after one aggregated training round, and that round's replies
+    (what the server benchmark's computations-alone timings read)."""
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedcore.registry import get_method
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
+    strategy = get_method(method).strategy(cfg, fake_clients(n), facts)
+    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    replies = [fake_reply(strategy, msg, "train", np.random.default_rng(0)) for msg in msgs]
+    strategy.aggregate_train(1, replies)
+    return strategy, replies

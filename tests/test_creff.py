@@ -240,20 +240,12 @@ def test_server_time_times_creffs_weighted_sum_and_its_matching_and_retraining_a
     """#77: CReFF's round against what its rule cannot avoid: the weighted sum, and that plus the gradient matching
     and the classifier re-training, which cost the same whatever the number of clients. Timing them leaves the
     strategy's federated features and re-trained head as the round left them."""
-    from flwr.app import ArrayRecord, ConfigRecord
-    from flwr.supercore.task_identity import TaskIdentity
-
     from benchmarks import server_time
     from fedcore.models import model_facts
-    from fedcore.registry import get_method
-    from tests.fakes import fake_clients, fake_reply
+    from tests.fakes import after_one_round
 
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
     facts = model_facts("cnn", (1, 28, 28), 10, 0)
-    strategy = get_method("creff").strategy(server_time._config("creff", {}), fake_clients(3), facts)
-    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
-    replies = [fake_reply(strategy, msg, "train", np.random.default_rng(0)) for msg in msgs]
-    strategy.aggregate_train(1, replies)
+    strategy, replies = after_one_round("creff", server_time._config("creff", {}), 3, facts)
     features, head = strategy.features.copy(), {k: v.copy() for k, v in strategy.retrained.items()}
     summed, whole = server_time.creff_unavoidable(strategy, replies, 1, repeats=1)
     assert summed["what"] == "weighted sum" and whole["what"] == "weighted sum + matching + re-training"

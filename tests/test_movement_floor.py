@@ -73,19 +73,11 @@ def test_the_products_of_the_weighted_mean_methods_fedsac_and_pfedgraph_are_time
 def test_fedghs_header_training_is_timed_alone_on_a_copy_of_the_header():
     """FedGH's rule is the server's SGD on the header over the round's (LAR, class) pairs: timed alone on a copy, it
     leaves the strategy's header as the round left it, and its MB are the pairs' features."""
-    from flwr.app import ArrayRecord, ConfigRecord
-    from flwr.supercore.task_identity import TaskIdentity
-
     from fedcore.models import model_facts
-    from fedcore.registry import get_method
-    from tests.fakes import fake_clients, fake_reply
+    from tests.fakes import after_one_round
 
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # Message() needs them
     facts = model_facts("cnn", (1, 28, 28), 10, 0)
-    strategy = get_method("fedgh").strategy(server_time._config("fedgh", {}), fake_clients(4), facts)
-    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
-    replies = [fake_reply(strategy, msg, "train", np.random.default_rng(0)) for msg in msgs]
-    strategy.aggregate_train(1, replies)
+    strategy, replies = after_one_round("fedgh", server_time._config("fedgh", {}), 4, facts)
     head = {k: v.copy() for k, v in strategy.head.arrays().items()}
     (alone,) = server_time.fedgh_training_alone(strategy, replies, 1, repeats=1)
     pairs = sum(len(wire.unpack_arrays(msg.content[wire.CLASS_FEATURES])[wire.CLASS_IDS]) for msg in replies)
