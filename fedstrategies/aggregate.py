@@ -72,6 +72,7 @@ def weighted_average(states: Iterable[dict[str, np.ndarray]], weights: Sequence[
         _flush(acc, partial)
     if count != len(w):
         raise ValueError(f"{count} states for {len(w)} weights")
-    return {key: value.numpy() if isinstance(value, torch.Tensor) and float64
-            else (value.numpy() if isinstance(value, torch.Tensor) else value).astype(dtypes[key], copy=False)
-            for key, value in acc.items()}
+    means = {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in acc.items()}
+    if float64:  # the float means stay float64; the counters keep their dtype
+        return {key: value if key in partial else value.astype(dtypes[key], copy=False) for key, value in means.items()}
+    return {key: value.astype(dtypes[key], copy=False) for key, value in means.items()}
