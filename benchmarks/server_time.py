@@ -30,7 +30,8 @@ pairwise cosine matrices, and those plus PKCF's gradient matching; FedAMP's, Heu
 two m x m x d matrix products (the pairwise Gram matrix of the round's models and the mixing W @ Theta); FedAvg's
 weighted sum of the round's models, and that of every method whose server rule is a weighted mean of the replies'
 models (FedAvg-FT, FedProx, FedPer, FedRep, Ditto, Per-FedAvg, L2GD, FedNova, FedRoD, GPFL); CReFF's, and that plus
-its gradient matching and classifier re-training; FedGH's training of the global header on the round's pairs.
+its gradient matching and classifier re-training; FedGH's training of the global header on the round's pairs;
+CFL's weighted mean and update norms (its split criterion); FeSEM's distances to the K centres and the centres' means.
 """
 
 from __future__ import annotations
@@ -266,6 +267,49 @@ def weighted_sum_alone(strategy, messages, server_round: int, repeats: int = 3) 
     return [{"what": "weighted sum", "s": wall, "cpu_s": cpu, "mb": theta.nbytes / 2**20}]
 
 
+def cfl_unavoidable(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """CFL: what its split criterion reads every round, on the one cluster's m models stacked before the clock
+    starts: the weighted mean w @ Theta and every update norm ||Theta_i - theta||^2 = ||Theta_i||^2 - 2 Theta_i theta +
+    ||theta||^2 (the row norms of Theta and Theta theta), three passes over the models."""
+    import torch
+
+    from fedcore import wire
+    from fedstrategies import server_device
+
+    theta = server_device.put(_stacked([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages]))
+    weights = server_device.put(np.full((1, theta.shape[0]), 1.0 / theta.shape[0], np.float32))
+    reference = theta[0].clone()  # the cluster's model: any d-vector costs the same
+
+    def criterion():
+        return _synced(weights @ theta, torch.linalg.vector_norm(theta, dim=1), theta @ reference)
+
+    wall, cpu = _timed(criterion, repeats)
+    return [{"what": "weighted sum + update norms", "s": wall, "cpu_s": cpu, "mb": theta.numel() * 4 / 2**20}]
+
+
+def fesem_unavoidable(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
+    """FeSEM: one E- and M-step on the round's m models stacked before the clock starts: the distances to the K
+    centres, ||Theta_i||^2 - 2 Theta C^T + ||C_k||^2 (the row norms of Theta and an m x d by d x K product), and the
+    K centres' means R @ Theta (R: the one-hot weights)."""
+    import torch
+
+    from fedcore import wire
+    from fedstrategies import server_device
+
+    theta = server_device.put(_stacked([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages]))
+    k = strategy.k
+    centres = theta[:k].clone()
+    onehot = np.zeros((k, theta.shape[0]), np.float32)
+    onehot[np.arange(theta.shape[0]) % k, np.arange(theta.shape[0])] = 1.0
+    onehot = server_device.put(onehot / onehot.sum(axis=1, keepdims=True))
+
+    def em_step():
+        return _synced(torch.linalg.vector_norm(theta, dim=1), theta @ centres.T, onehot @ theta)
+
+    wall, cpu = _timed(em_step, repeats)
+    return [{"what": "distances + centre means", "s": wall, "cpu_s": cpu, "mb": theta.numel() * 4 / 2**20}]
+
+
 def product_floor(n: int, extra: dict, repeats: int = 5) -> dict:
     """The matrix-product floor at n clients on the server device: one m x d by d x m float32 product (m = n, d =
     the parameters of the benchmark's CNN), the operands already on the device, median of ``repeats`` (CUDA:
@@ -386,7 +430,7 @@ def fedgh_training_alone(strategy, messages, server_round: int, repeats: int = 3
 
 UNAVOIDABLE = {"mupfl": mupfl_unavoidable, "fedamp": fedamp_products_alone, "heurfedamp": fedamp_products_alone,
                "fedsac": replies_products_alone, "pfedgraph": replies_products_alone, "creff": creff_unavoidable,
-               "fedgh": fedgh_training_alone,
+               "fedgh": fedgh_training_alone, "cfl": cfl_unavoidable, "fesem": fesem_unavoidable,
                # the server rule is a weighted mean of the replies' models (FedAvg's aggregate, or FedNova's weights)
                **dict.fromkeys(("fedavg", "fedavg-ft", "fedprox", "fedper", "fedrep", "ditto", "per-fedavg", "l2gd",
                                 "fednova", "fedrod", "gpfl"), weighted_sum_alone)}
@@ -415,7 +459,9 @@ def _alone_notes(rows: list[dict], counts: list[int]) -> list[str]:
                  "models; weighted sum (FedAvg, CReFF and every method whose server rule is a weighted mean of the "
                  "replies' models): w @ Theta; CReFF's matching + re-training: match-steps "
                  "steps on the federated features, then retrain-epochs epochs of its classifier on them; FedGH's "
-                 "header training: server-epochs of SGD on the round's (LAR, class) pairs); its MB "
+                 "header training: server-epochs of SGD on the round's (LAR, class) pairs; CFL's weighted sum + update "
+                 "norms: w @ Theta, the row norms of Theta and Theta theta; FeSEM's distances + centre means: the row "
+                 "norms of Theta, Theta C^T and R @ Theta over K centres); its MB "
                  "column is the size of the "
                  "stacked matrices.", *notes]
     return notes

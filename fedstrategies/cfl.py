@@ -28,8 +28,8 @@ round 27 with max / R 0.5-0.8. pFedGraph's CFL baseline (FedSaC's Table 1) uses 
 without warm-up; ``thresholds = absolute`` with eps1 = 0.4, eps2 = 1.6 is the authors' code.
 
 Clients train and evaluate their cluster's model (clients/cfl.py). Cosines are computed only for a
-cluster that splits; the criterion itself costs O(n d) (``pairwise``: the weighted means are
-``pairwise.mix`` rows, one pass over the updates).
+cluster that splits; the criterion itself costs O(n d): the weighted mean is FedAvg's streamed one
+(``aggregate.weighted_average``) and the update norms ``pairwise.squared_norms``, one pass over the updates each.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import numpy as np
 
 from fedcore import wire
 from fedstrategies import pairwise
+from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.cfl_math import bipartition, gamma_max, max_cross_similarity, should_split
 
@@ -104,7 +105,7 @@ class CFLStrategy(PersonalizedStrategy):
             theta = self.cluster_models[c]
             states = [r.arrays[wire.WEIGHTS] for r in rs]
             p = self.weights_of(rs)
-            merged = pairwise.mix(p[None, :], states)[0]  # theta_c + sum_i p_i dtheta_i = sum_i p_i w_i
+            merged = weighted_average(states, p)  # theta_c + sum_i p_i dtheta_i = sum_i p_i w_i
             mean_norm = float(np.sqrt(pairwise.squared_norms([merged], minus=theta)[0]))  # ||sum_i p_i dtheta_i||
             max_norm = float(np.sqrt(pairwise.squared_norms(states, minus=theta).max()))  # max_i ||dtheta_i||
             rounds[c] = (rs, states, p, merged, mean_norm, max_norm)

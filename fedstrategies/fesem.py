@@ -12,7 +12,8 @@ centres at random and the authors' code clusters the clients' first local models
 number of clients. Clients evaluate their cluster's centre (the authors' code tests the cluster
 model on each client).
 
-Distances to K centres cost O(n K d) and the M-step O(n d): one matrix product each (``pairwise``).
+Distances to K centres cost O(n K d) (``pairwise``, one pass over the models) and the M-step O(n d): each
+centre is FedAvg's streamed weighted mean of its members (``aggregate.weighted_average``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from fedcore import wire
 from fedstrategies import pairwise
+from fedstrategies.aggregate import weighted_average
 from fedstrategies.base import PersonalizedStrategy, weights_schema
 from fedstrategies.fesem_math import assign, centre_weights, initial_centres
 
@@ -91,8 +93,9 @@ class FeSEMStrategy(PersonalizedStrategy):
             dist = pairwise.squared_distances(states, self.centres)
             labels = assign(dist)
             r = centre_weights(labels, k, p if p.sum() > 0 else None)
-            mixed = pairwise.mix(r, states)
-            self.centres = [mixed[c] if r[c].any() else self.centres[c] for c in range(k)]
+            members = [np.flatnonzero(row) for row in r]  # each model is read once, by its centre's mean
+            self.centres = [weighted_average([states[i] for i in m], r[c, m]) if len(m) else self.centres[c]
+                            for c, m in enumerate(members)]
         for reply, label in zip(replies, labels):
             self.assignment[reply.pid] = int(label)
         self._reset()

@@ -6,7 +6,7 @@ Dist the squared L2 distance of the flattened parameters. Each round runs on the
 clients uploaded:
 
 - E-step (``assign``): r_i = argmin_k ||w_i - w~_k||^2 (ties to the lower k);
-- M-step (``centre_weights`` + ``pairwise.mix``): w~_k = sum_{i: r_i = k} p_i w_i / sum p_i, the mean
+- M-step (``centre_weights``, then each centre's weighted mean): w~_k = sum_{i: r_i = k} p_i w_i / sum p_i, the mean
   of the members (p_i = 1, the paper; or |D_i|); a centre without members keeps its value.
 """
 

@@ -469,7 +469,9 @@ def test_gram_and_mix_gives_the_weights_of_the_gram_and_their_mixing(server_on_s
     seen.clear()
     pairwise.gram_and_mix(x, weights_of, "float32")
     assert seen[0].dtype == np.float64 and seen[0][0, 0] != exact[0, 0]  # formed in float32, rounded
-    np.testing.assert_allclose(seen[0], exact, rtol=2 ** -23)
+    # a float32 dot product of n non-negative terms is within n * 2^-24 of the exact sum (how the BLAS kernel orders
+    # and fuses the products varies by CPU)
+    np.testing.assert_allclose(seen[0], exact, rtol=x.shape[1] * 2 ** -24)
 
 
 def test_gram_and_mix_without_a_gram_matrix_mixes_with_the_weights_given(server_on_session_device):
