@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runner import run_data, stats
+from runner import run_data, stats, study
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs" / "papers").glob("*.md"))
 TABLE = re.compile(r"<!-- table: (docs/results/[^ ]+)/table\.md -->")
+STUDY = re.compile(r"python -m runner\.study (conf/study/[\w.-]+\.toml)")  # a study a page is built on
 SIGNED = r"[+\-−]?\d+\.\d\d"
 TRIPLE = re.compile(rf"({SIGNED}) \[({SIGNED}), ({SIGNED})\]")
 ACCURACY = re.compile(r"(?<![\d.+\-−])\d\d\.\d\d(?!\d)")  # 10.00-99.99: an accuracy, not a difference
@@ -72,6 +73,21 @@ def paired_triples(folder: Path) -> frozenset:
 
 
 @functools.lru_cache(maxsize=None)
+def study_triples(path: Path) -> frozenset:
+    """Every row minus every other row at each point of a study (``runner.study``: a point may join the runs of two
+    presets, e.g. a committed table's rows and the rows run for the study), as (mean, lo, hi) in points."""
+    spec = study.load_study(path)
+    out = set()
+    for point_spec in spec["point"]:
+        point = study.read_point(point_spec, spec, path.parent, ROOT)
+        for a, b in itertools.permutations(point.values, 2):
+            d = study.difference(point, a, b)
+            if d["n"] >= 2:
+                out.add(tuple(round(d[k], 2) for k in ("mean", "lo", "hi")))
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=None)
 def accuracies(folder: Path) -> frozenset:
     """Each row's mean over seeds (points) in the table's metric (the paper's where it has one: client mean or
     weighted), at the best-validation round and best-of-test, and the paper's numbers."""
@@ -110,10 +126,11 @@ def prose_mismatches(text: str, earlier: frozenset = frozenset()) -> list[str]:
     """What on ``text`` (a paper page) its tables' per-run data does not give (``earlier``: quotes let through)."""
     bad = []
     line_of = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
+    studies = [study_triples(ROOT / m.group(1)) for m in STUDY.finditer(text)]  # the page's: every section's
     for start, end, tables in _sections(text):
         if not tables:
             continue
-        triples = frozenset().union(*(paired_triples(t) for t in tables))
+        triples = frozenset().union(*(paired_triples(t) for t in tables), *studies)
         for m in TRIPLE.finditer(text, start, end):
             if m.group(0) not in earlier and not _matches_triple(tuple(_number(g) for g in m.groups()), triples):
                 bad.append(f"line {line_of(m.start())}: {m.group(0)} is no paired difference of its tables")
@@ -152,3 +169,11 @@ def test_a_number_edited_by_hand_is_caught():
                   text.replace("are 10, 70 and 45", "are 10, 70 and 15"),  # the weighted rounds for the client mean
                   text.replace("FedAMP scores 96.24", "FedAMP scores 96.42")):  # an accuracy in a verdict line
         assert len(prose_mismatches(wrong, earlier)) == 1
+
+
+def test_a_study_pages_cross_preset_quote_is_checked_against_the_study():
+    """data-size.md quotes the no-cap point, where FedSaC's runs (the study's preset) meet local's (FedFCD's table):
+    no one table holds the pair, the study does, and a quote edited by hand fails."""
+    text = (ROOT / "docs" / "papers" / "data-size.md").read_text()
+    assert "FedSaC (+0.54 [-0.88, +1.96])" in text and prose_mismatches(text) == []
+    assert len(prose_mismatches(text.replace("FedSaC (+0.54 [-0.88, +1.96])", "FedSaC (+0.45 [-0.88, +1.96])"))) == 1
