@@ -965,3 +965,22 @@ def test_fedamp_maths_is_float64_whatever_the_input_dtype():
     xi64 = np.array([[0.5, 0.1, 0.4], [0.3, 0.3, 0.4], [0.05, 0.15, 0.8]]) / 0.7
     xi32 = xi64.astype(np.float32)
     assert attention_spread(xi32) == pytest.approx(attention_spread(xi32.astype(np.float64)), rel=1e-14)
+
+
+@pytest.mark.parametrize("method, what", [("cfl", "weighted sum + update norms"), ("fesem", "distances + centre means")])
+def test_server_time_times_what_cfls_and_fesems_rules_cannot_avoid_on_the_rounds_stacked_models(method, what):
+    """#77: CFL's round against its weighted mean and update norms, FeSEM's against its distances to the K centres and
+    the centres' means, on the round's replies stacked (m x d float32); timing them leaves the models the round left."""
+    from benchmarks import server_time
+    from tests.fakes import after_one_round
+
+    facts = model_facts("cnn", (1, 28, 28), 10, 0)  # the benchmark's model and config
+    strategy, replies = after_one_round(method, server_time._config(method, {}), 5, facts)
+    models = strategy.cluster_models if method == "cfl" else strategy.centres
+    before = [{k: v.copy() for k, v in m.items()} for m in models]
+    (part,) = server_time.UNAVOIDABLE[method](strategy, replies, 1, repeats=1)
+    d = sum(v.size for k, v in facts.initial_weights.items() if pairwise.is_parameter(k))
+    assert part["what"] == what and part["mb"] == pytest.approx(5 * d * 4 / 2**20)
+    assert part["s"] > 0 and part["cpu_s"] >= 0
+    after = strategy.cluster_models if method == "cfl" else strategy.centres
+    assert all(np.array_equal(m[k], b[k]) for m, b in zip(after, before) for k in b)
