@@ -229,9 +229,14 @@ def fedamp_products_alone(strategy, messages, server_round: int, repeats: int = 
 def replies_products_alone(strategy, messages, server_round: int, repeats: int = 3) -> list[dict]:
     """FedSaC / pFedGraph: the same two products (the Gram matrix of the round's models and the mixing W @ Theta)
     over the models of the round's train replies, stacked before the clock starts."""
+    return _gram_and_mixing_alone(_reply_models(messages), repeats)
+
+
+def _reply_models(messages) -> list[dict]:
+    """The models of the round's train replies, as the server reads them (read-only views of the replies' bytes)."""
     from fedcore import wire
 
-    return _gram_and_mixing_alone([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages], repeats)
+    return [wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages]
 
 
 def _stacked(states) -> np.ndarray:
@@ -257,10 +262,9 @@ def weighted_sum_alone(strategy, messages, server_round: int, repeats: int = 3) 
     """FedAvg and every method whose server rule is a weighted mean of the replies' models: the one product that
     rule makes, the weighted sum of the round's m models (a 1 x m by m x d float32 product over the replies' models,
     stacked before the clock starts)."""
-    from fedcore import wire
     from fedstrategies import server_device
 
-    theta = _stacked([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages])
+    theta = _stacked(_reply_models(messages))
     weights = server_device.put(np.full((1, len(theta)), 1.0 / len(theta), np.float32))
     on_device = server_device.put(theta)
     wall, cpu = _timed(lambda: _synced(weights @ on_device), repeats)
@@ -273,10 +277,9 @@ def cfl_unavoidable(strategy, messages, server_round: int, repeats: int = 3) -> 
     ||theta||^2 (the row norms of Theta and Theta theta), three passes over the models."""
     import torch
 
-    from fedcore import wire
     from fedstrategies import server_device
 
-    theta = server_device.put(_stacked([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages]))
+    theta = server_device.put(_stacked(_reply_models(messages)))
     weights = server_device.put(np.full((1, theta.shape[0]), 1.0 / theta.shape[0], np.float32))
     reference = theta[0].clone()  # the cluster's model: any d-vector costs the same
 
@@ -293,10 +296,9 @@ def fesem_unavoidable(strategy, messages, server_round: int, repeats: int = 3) -
     K centres' means R @ Theta (R: the one-hot weights)."""
     import torch
 
-    from fedcore import wire
     from fedstrategies import server_device
 
-    theta = server_device.put(_stacked([wire.unpack_arrays(msg.content[wire.WEIGHTS]) for msg in messages]))
+    theta = server_device.put(_stacked(_reply_models(messages)))
     k = strategy.k
     centres = theta[:k].clone()
     onehot = np.zeros((k, theta.shape[0]), np.float32)
